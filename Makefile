@@ -1,0 +1,48 @@
+# kimi-mlp: two commands do all set-up on a fresh machine.
+#   make book   builds the book into _build/html
+#   make test   runs the unit tests, the export check and nbval over every notebook
+# Both create (or reuse) the virtual environment .venv and install requirements.txt into it.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 600
+
+.PHONY: all venv test unit nbval book export execute bench clean
+
+all: test
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+## Tests: unit tests (with the export-sync check), then every notebook through nbval.
+test: unit nbval
+
+unit: $(STAMP)
+	$(PY) -m pytest -q tests
+
+nbval: $(STAMP)
+	$(PY) -m pytest -q $(NBVAL) book
+
+## The book, from the outputs stored in the notebooks; warnings are errors.
+book: $(STAMP)
+	$(VENV)/bin/jupyter-book build . --builder html -W -n --keep-going
+	@echo "open _build/html/index.html"
+
+## Notebooks -> kimi_mlp/*.py (nbdev's nb_export).
+export: $(STAMP)
+	$(PY) tools/export.py
+
+## Re-execute every notebook in place on this machine's CPU (what CI's nbval reproduces).
+execute: $(STAMP)
+	$(PY) tools/execute.py $(NB)
+
+clean:
+	rm -rf _build

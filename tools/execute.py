@@ -1,0 +1,31 @@
+"""Re-execute notebooks in place, on this machine, so their stored outputs are the CPU run.
+
+    python tools/execute.py                  # every notebook in book/
+    python tools/execute.py book/05_fp8.ipynb
+
+CI's nbval re-runs each notebook and compares with what this script stores. Cells run with the
+notebook's directory as the working directory, the same as nbval.
+"""
+import sys
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def execute(path: Path, timeout: int = 1800) -> None:
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
+                            resources={"metadata": {"path": str(path.parent)}})
+    client.execute()
+    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    nbformat.write(nb, path)
+
+
+if __name__ == "__main__":
+    paths = [Path(p) for p in sys.argv[1:]] or sorted((ROOT / "book").glob("*.ipynb"))
+    for p in paths:
+        print(f"executing {p}", flush=True)
+        execute(p)
