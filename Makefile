@@ -25,10 +25,10 @@ venv: $(STAMP)
 test: unit nbval
 
 unit: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n auto tests
 
 nbval: $(STAMP)
-	$(PY) -m pytest -q $(NBVAL) book
+	$(PY) -m pytest -q -n auto --dist loadscope $(NBVAL) book
 
 ## The book, from the outputs stored in the notebooks; warnings are errors.
 book: $(STAMP)
