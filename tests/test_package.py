@@ -1,0 +1,38 @@
+"""The package installs and imports with its runtime dependencies alone."""
+import subprocess
+import sys
+import textwrap
+
+import kimi_mlp
+
+# Authoring and test tools that must never be needed to import kimi_mlp.
+FORBIDDEN = ["nbdev", "fastcore", "execnb", "IPython", "ipykernel", "jupyter_book", "jupyter_core",
+             "nbformat", "nbclient", "matplotlib", "transformers", "pytest"]
+
+PUBLIC_API = [
+    # issue 2
+    "KimiK2Config", "count_parameters",
+]
+
+
+def test_import_needs_no_authoring_tools():
+    code = textwrap.dedent(f"""
+        import importlib.abc, sys
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in {FORBIDDEN!r}:
+                    raise ImportError("blocked for this test: " + name)
+        sys.meta_path.insert(0, Block())
+        import pkgutil, kimi_mlp
+        for m in pkgutil.iter_modules(kimi_mlp.__path__):
+            if m.name not in ("__main__",):
+                importlib.import_module("kimi_mlp." + m.name)
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_public_api():
+    missing = [name for name in PUBLIC_API if not hasattr(kimi_mlp, name)]
+    assert not missing, f"kimi_mlp does not export {missing}"
