@@ -1,8 +1,12 @@
 """kimi-mlp: Kimi K2's dense feed-forward block, from scratch.
 
 The modules are exported from the book's notebooks (book/*.ipynb) with nbdev; this file, written
-by hand, gathers the public API.
+by hand, gathers the public API. Modules that need Triton (kernels, fused) are not imported here:
+`import kimi_mlp` needs only torch and safetensors.
 """
 from .config import KimiK2Config, count_parameters, dense_mlp_parameters, read_safetensors_header
+from .rmsnorm import RMSNorm, rms_norm
+from .block import GeluMLP, ResidualBlock
+from .swiglu import DenseMLP, silu, swiglu
 
 __version__ = "0.1.0"

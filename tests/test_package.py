@@ -12,6 +12,8 @@ FORBIDDEN = ["nbdev", "fastcore", "execnb", "IPython", "ipykernel", "jupyter_boo
 PUBLIC_API = [
     # issue 2
     "KimiK2Config", "count_parameters",
+    # issue 3
+    "rms_norm", "RMSNorm", "ResidualBlock", "GeluMLP", "silu", "swiglu", "DenseMLP",
 ]
 
 
