@@ -8,5 +8,7 @@ from .config import KimiK2Config, count_parameters, dense_mlp_parameters, read_s
 from .rmsnorm import RMSNorm, rms_norm
 from .block import GeluMLP, ResidualBlock
 from .swiglu import DenseMLP, silu, swiglu
+from .fp8 import (ACT_AMAX_EPS, FP8_MAX, Fp8DenseMLP, Fp8Linear, dequantize_weight_blockwise,
+                  fp8_linear_w8a8, fp8_linear_w8a16, quantize_activation, quantize_weight_blockwise)
 
 __version__ = "0.1.0"

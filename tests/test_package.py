@@ -14,6 +14,9 @@ PUBLIC_API = [
     "KimiK2Config", "count_parameters",
     # issue 3
     "rms_norm", "RMSNorm", "ResidualBlock", "GeluMLP", "silu", "swiglu", "DenseMLP",
+    # issue 4
+    "quantize_weight_blockwise", "dequantize_weight_blockwise", "quantize_activation", "Fp8Linear",
+    "Fp8DenseMLP",
 ]
 
 
