@@ -2,7 +2,7 @@
 
 The modules are exported from the book's notebooks (book/*.ipynb) with nbdev; this file, written
 by hand, gathers the public API. Modules that need Triton (kernels, fused) are not imported here:
-`import kimi_mlp` needs only torch and safetensors.
+`import kimi_mlp` needs only torch, safetensors and numpy.
 """
 from .config import KimiK2Config, count_parameters, dense_mlp_parameters, read_safetensors_header
 from .rmsnorm import RMSNorm, rms_norm
@@ -10,5 +10,7 @@ from .block import GeluMLP, ResidualBlock
 from .swiglu import DenseMLP, silu, swiglu
 from .fp8 import (ACT_AMAX_EPS, FP8_MAX, Fp8DenseMLP, Fp8Linear, dequantize_weight_blockwise,
                   fp8_linear_w8a8, fp8_linear_w8a16, quantize_activation, quantize_weight_blockwise)
+
+from .checkpoint import CheckpointError, load_dense_block, write_synthetic_checkpoint
 
 __version__ = "0.1.0"

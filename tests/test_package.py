@@ -16,7 +16,7 @@ PUBLIC_API = [
     "rms_norm", "RMSNorm", "ResidualBlock", "GeluMLP", "silu", "swiglu", "DenseMLP",
     # issue 4
     "quantize_weight_blockwise", "dequantize_weight_blockwise", "quantize_activation", "Fp8Linear",
-    "Fp8DenseMLP",
+    "Fp8DenseMLP", "load_dense_block", "write_synthetic_checkpoint",
 ]
 
 
