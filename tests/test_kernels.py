@@ -1,0 +1,407 @@
+"""Triton kernels (kimi_mlp.kernels) against the torch references of chapters 2 and 5.
+
+Without CUDA these run through Triton's interpreter (conftest.py and kernels.py set
+TRITON_INTERPRET=1), so shapes are small: hidden 256 / 384 and the non-multiples 200 / 320,
+intermediate 640 / 320. With CUDA the kernels run on the GPU (inputs are drawn on the CPU and
+moved there; the references run on the CPU). Every output buffer is poisoned with NaN before the
+launch, so an element the kernel forgets to write fails the comparison.
+
+Tolerances:
+- bit for bit where the kernel and the reference do the same IEEE operations (dequantization,
+  the e4m3 and bf16 roundings, the activation quantizer applied to the same input);
+- relative error ||out - ref|| / ||ref|| <= 1e-2 against the w8a8 reference: both sum the same
+  exact fp8 products in fp32, in different orders, and round to bf16 (relative 2^-9 per element);
+- DeepGEMM's 1 - 2 sum(xy) / sum(x^2 + y^2) < 1e-3 against the bf16 (w8a16) reference, which does
+  not quantize activations (e4m3 rounds by up to 2^-4 relative, ~2^-5 on average).
+"""
+import math
+import os
+import zlib
+
+import pytest
+import torch
+
+from kimi_mlp import kernels as K  # first: sets TRITON_INTERPRET=1 when there is no CUDA device
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from kimi_mlp.fp8 import (ACT_AMAX_EPS, FP8_MAX, dequantize_weight_blockwise, fp8_linear_w8a8,
+                          fp8_linear_w8a16, quantize_activation, quantize_weight_blockwise)
+from kimi_mlp.rmsnorm import rms_norm
+
+E4M3 = torch.float8_e4m3fn
+BF16_EPS = 2.0 ** -7   # spacing of bf16 numbers in [1, 2): one ulp
+DEV = torch.device("cpu" if K.INTERPRETED else "cuda")
+# Kernel h vs the reference h (same fp8 products, fp32 sums in another order). On a GPU the
+# tensor cores' fp8 accumulation and the hardware exp add more: a looser, unmeasured bound there.
+FP32_SUM_TOL = 1e-4 if K.INTERPRETED else 2e-3
+
+
+# ----------------------------------------------------------------------------------- helpers
+def gen(*case):
+    "A generator seeded from the test case, so every case draws its own (reproducible) inputs."
+    return torch.Generator().manual_seed(zlib.crc32(repr(case).encode()))
+
+
+def randn(g, *shape, scale=1.0, dtype=torch.float32):
+    return (torch.randn(*shape, generator=g) * scale).to(dtype)
+
+
+def rel_err(out, ref):
+    out, ref = out.double(), ref.double()
+    return ((out - ref).norm() / ref.norm()).item()
+
+
+def deepgemm_diff(x, y):
+    x, y = x.double(), y.double()
+    return (1 - 2 * (x * y).sum() / (x * x + y * y).sum()).item()
+
+
+def nan_like(shape, dtype):
+    "An output buffer on DEV full of NaN (0x7F for e4m3, whose only NaN codes are 0x7F / 0xFF)."
+    if dtype == E4M3:
+        return torch.full(shape, 0x7F, dtype=torch.uint8, device=DEV).view(E4M3)
+    return torch.full(shape, float("nan"), dtype=dtype, device=DEV)
+
+
+def dev(*tensors):
+    "Move kernel inputs to the device the kernels run on (the CPU under the interpreter)."
+    return tuple(t.to(DEV) for t in tensors)
+
+
+def cpu(t):
+    return t.cpu()
+
+
+def bits(t):
+    t = t.cpu()
+    return t.view(torch.uint8) if t.dtype == E4M3 else t
+
+
+def weight(g, n, k, scale=0.05):
+    return quantize_weight_blockwise(randn(g, n, k, scale=scale))
+
+
+def poisoned_quant_outputs(m, k):
+    return nan_like((m, k), E4M3), nan_like((m, math.ceil(k / 128)), torch.float32)
+
+
+# ------------------------------------------------------------------ interpreter and roundings
+def test_interpreter_flag_matches_the_environment():
+    assert K.INTERPRETED == (os.environ.get("TRITON_INTERPRET") == "1")
+    if not torch.cuda.is_available():
+        assert K.INTERPRETED
+
+
+@triton.jit
+def _roundings_kernel(x_ptr, e4m3_ptr, bf16_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    x = tl.load(x_ptr + offs, mask=mask, other=0.0)
+    q = tl.minimum(tl.maximum(x, -448.0), 448.0)
+    tl.store(e4m3_ptr + offs, K._e4m3_code(q), mask=mask)
+    tl.store(bf16_ptr + offs, K._round_to_bf16(x), mask=mask)
+
+
+def rounding_probe_values():
+    "Every e4m3 value, every midpoint between neighbours (the ties), their fp32 neighbours, randoms."
+    codes = torch.arange(256, dtype=torch.uint8).view(E4M3).float()
+    grid = codes[torch.isfinite(codes)].unique()                       # 253 values, -448..448
+    mids = (grid[1:] + grid[:-1]) / 2                                   # exact in fp32
+    near = torch.cat([torch.nextafter(mids, torch.tensor(-1e30)), torch.nextafter(mids, torch.tensor(1e30))])
+    g = torch.Generator().manual_seed(7)
+    rand = torch.exp(torch.empty(200_000).uniform_(-14, 6.1, generator=g))
+    rand = rand * torch.where(torch.rand(200_000, generator=g) < 0.5, -1.0, 1.0)
+    return torch.cat([grid, mids, near, rand, torch.tensor([0.0, -0.0, 2.0**-10, -2.0**-10, 1e-30])])
+
+
+def test_e4m3_and_bf16_roundings_are_exact():
+    x = rounding_probe_values()
+    n = x.numel()
+    e4m3 = torch.empty(n, dtype=torch.uint8, device=DEV)
+    bf = nan_like((n,), torch.float32)
+    _roundings_kernel[(triton.cdiv(n, 8192),)](x.to(DEV), e4m3, bf, n, BLOCK=8192)
+    e4m3, bf = e4m3.cpu(), bf.cpu()
+    ref = x.clamp(-FP8_MAX, FP8_MAX).to(E4M3).view(torch.uint8)
+    assert torch.equal(e4m3, ref), f"{(e4m3 != ref).sum().item()} of {n} e4m3 codes differ"
+    assert torch.equal(bf, x.to(torch.bfloat16).float())
+
+
+# ------------------------------------------------------------------------- 1. dequantization
+@pytest.mark.parametrize("shape, block_size", [((256, 384), (128, 128)), ((200, 320), (128, 128)),
+                                               ((130, 200), (64, 128))])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_dequantize_matches_torch_bitwise(shape, block_size, dtype):
+    g = gen("dq", shape, block_size, dtype)
+    w_fp8, s = quantize_weight_blockwise(randn(g, *shape), block_size)
+    out = nan_like(shape, dtype)
+    got = K.dequantize_blockwise_triton(*dev(w_fp8, s), block_size, dtype, out=out)
+    assert got is out
+    assert torch.equal(got.cpu(), dequantize_weight_blockwise(w_fp8, s, block_size, dtype))
+
+
+# ------------------------------------------------------------------- 2. RMSNorm + quantization
+@pytest.mark.parametrize("m, d", [(1, 256), (3, 320), (16, 200), (33, 384), (128, 256)])
+def test_rmsnorm_quant(m, d):
+    g = gen("rq", m, d)
+    h = randn(g, m, d, scale=3.0, dtype=torch.bfloat16)
+    w = (torch.rand(d, generator=g) + 0.5).to(torch.bfloat16)
+    h[0, : min(d, 128)] = 0.0                               # an all-zero group: finite scale
+    x_fp8, x_scale = poisoned_quant_outputs(m, d)
+    normed = nan_like((m, d), torch.bfloat16)
+    q, s = K.rmsnorm_quant(*dev(h, w), 1e-6, out=x_fp8, scale_out=x_scale, normed_out=normed)
+    assert q is x_fp8 and s is x_scale
+    q, s, normed = q.cpu(), s.cpu(), normed.cpu()
+    # the quantizer in the kernel is the torch quantizer, bit for bit, on the kernel's own input
+    ref_q, ref_s = quantize_activation(normed)
+    assert torch.equal(bits(q), bits(ref_q)) and torch.equal(s, ref_s)
+    # the normalized x is rms_norm's up to a rare last-place difference: the fp32 sum of squares
+    # is reduced in another order, which can move rstd by an fp32 ulp and flip a rounding of the
+    # bf16 x-hat by one ulp; the gain product, rounded again, turns that into at most two ulps of y
+    ref = rms_norm(h, w, 1e-6)
+    assert not torch.isnan(normed).any()
+    ulp = torch.where(ref == 0, 0.0, BF16_EPS * 2.0 ** torch.floor(torch.log2(ref.float().abs())))
+    far = (normed.float() - ref.float()).abs() > 2 * ulp
+    assert not far.any(), f"{far.sum().item()} elements more than 2 ulp from rms_norm"
+    assert (normed == ref).float().mean() >= 0.99
+    # and the end result against quantize_activation(rms_norm(h))
+    full_q, full_s = quantize_activation(ref)
+    deq = q.float() * s.repeat_interleave(128, dim=1)[:, :d]
+    ref_deq = full_q.float() * full_s.repeat_interleave(128, dim=1)[:, :d]
+    assert rel_err(deq, ref_deq) <= 1e-2
+    assert torch.equal(s[0, 0], torch.tensor(ACT_AMAX_EPS, dtype=torch.float32) / FP8_MAX)
+
+
+def test_rmsnorm_quant_float32_gain():
+    "An fp32 gain promotes the normalized x to fp32, as in rms_norm."
+    g = gen("rq32")
+    h = randn(g, 5, 320, dtype=torch.bfloat16)
+    w = torch.rand(320, generator=g) + 0.5
+    normed = nan_like((5, 320), torch.float32)
+    q, s = K.rmsnorm_quant(*dev(h, w), 1e-5, normed_out=normed)
+    q, s, normed = q.cpu(), s.cpu(), normed.cpu()
+    ref_q, ref_s = quantize_activation(normed)
+    assert torch.equal(bits(q), bits(ref_q)) and torch.equal(s, ref_s)
+    assert rel_err(normed, rms_norm(h, w, 1e-5)) <= 1e-6
+
+
+@pytest.mark.parametrize("m, k, dtype", [(1, 256, torch.bfloat16), (3, 320, torch.float32),
+                                         (33, 200, torch.bfloat16), (128, 384, torch.float16)])
+def test_act_quant_matches_quantize_activation_bitwise(m, k, dtype):
+    g = gen("aq", m, k, dtype)
+    x = (randn(g, m, k) * torch.logspace(-3, 3, k)).to(dtype)
+    x[0, :128] = 0.0                                        # an all-zero group
+    padded = torch.zeros(m, k + 64, dtype=dtype)            # rows with a stride > K
+    padded[:, :k] = x
+    out, scale_out = poisoned_quant_outputs(m, k)
+    q, s = K.act_quant(dev(padded)[0][:, :k], out=out, scale_out=scale_out)
+    assert q is out and s is scale_out
+    ref_q, ref_s = quantize_activation(x)
+    assert torch.equal(bits(q), bits(ref_q)) and torch.equal(s.cpu(), ref_s)
+
+
+# --------------------------------------------------------------------------- 3. the FP8 GEMM
+@pytest.mark.parametrize("m, n, k, split_k", [
+    (1, 256, 640, 1), (1, 200, 640, 3), (3, 384, 320, 2), (16, 320, 256, 1),
+    (33, 256, 200, 1), (33, 384, 640, 2), (128, 200, 384, 1),
+])
+def test_fp8_gemm(m, n, k, split_k):
+    g = gen("gemm", m, n, k, split_k)
+    x = randn(g, m, k, dtype=torch.bfloat16)
+    w_fp8, w_s = weight(g, n, k)
+    a_fp8, a_s = quantize_activation(x)                 # row-padded when k % 128 != 0
+    out = nan_like((m, n), torch.bfloat16)
+    got = K.fp8_gemm(*dev(a_fp8, a_s, w_fp8, w_s), out=out, split_k=split_k)
+    assert got is out
+    got = got.cpu()
+    assert rel_err(got, fp8_linear_w8a8(x, w_fp8, w_s)) <= 1e-2
+    assert deepgemm_diff(got, fp8_linear_w8a16(x, w_fp8, w_s)) < 1e-3
+
+
+def test_fp8_gemm_float32_output_and_split_k_agree():
+    g = gen("gemm32")
+    x = randn(g, 8, 640, dtype=torch.bfloat16)
+    w_fp8, w_s = weight(g, 256, 640)
+    a_fp8, a_s = quantize_activation(x)
+    ref = fp8_linear_w8a8(x, w_fp8, w_s, out_dtype=torch.float32)
+    for split_k in (1, 2, 5):
+        out = nan_like((8, 256), torch.float32)
+        got = K.fp8_gemm(*dev(a_fp8, a_s, w_fp8, w_s), torch.float32, out=out, split_k=split_k)
+        assert rel_err(got.cpu(), ref) <= FP32_SUM_TOL   # fp32 out: only the summation order differs
+
+
+def test_default_split_k_occupancy():
+    # H200: 132 SMs. Decode (M = 1) of the down projection: 7168 / 128 = 56 tiles -> 3 slices
+    assert K.default_split_k(1, 7168, 18432, num_sms=132) == 3
+    # gate or up alone: 18432 / 128 = 144 tiles already cover the SMs
+    assert K.default_split_k(1, 18432, 7168, num_sms=132) == 1
+    # large M: plenty of tiles
+    assert K.default_split_k(4096, 7168, 18432, num_sms=132) == 1
+    # a short K caps the slices (at least 4 K steps of 128 each)
+    assert K.default_split_k(1, 256, 1024, num_sms=132) == 2
+
+
+# ------------------------------------------------------------- 4. gate + up + SwiGLU + quant
+@pytest.mark.parametrize("m, d, f", [(1, 256, 640), (3, 320, 320), (16, 384, 640),
+                                     (33, 200, 320), (128, 256, 640)])
+def test_gate_up_swiglu_quant(m, d, f):
+    g = gen("gu", m, d, f)
+    x = randn(g, m, d, dtype=torch.bfloat16)
+    (gw, gs), (uw, us) = weight(g, f, d), weight(g, f, d)
+    x_fp8, x_s = quantize_activation(x)
+    out, scale_out = poisoned_quant_outputs(m, f)
+    h_out = nan_like((m, f), torch.float32)
+    q, s = K.fp8_gate_up_swiglu_quant(*dev(x_fp8, x_s, gw, gs, uw, us), out=out, scale_out=scale_out,
+                                      h_out=h_out)
+    assert q is out and s is scale_out
+    q, s, h_out = q.cpu(), s.cpu(), h_out.cpu()
+    # the epilogue's quantizer is the torch quantizer, bit for bit, on the kernel's own h
+    ref_q, ref_s = quantize_activation(h_out)
+    assert torch.equal(bits(q), bits(ref_q)) and torch.equal(s, ref_s)
+    # the kernel's h is the w8a8 reference's h: fp32 sums of the same products, another order
+    gate = fp8_linear_w8a8(x, gw, gs, out_dtype=torch.float32)
+    up = fp8_linear_w8a8(x, uw, us, out_dtype=torch.float32)
+    h_ref = torch.nn.functional.silu(gate) * up
+    assert rel_err(h_out, h_ref) <= FP32_SUM_TOL
+    deq = q.float() * s.repeat_interleave(128, dim=1)[:, :f]
+    assert rel_err(deq, h_ref) <= 5e-2                 # e4m3 rounding of h: ~2^-5 relative RMS
+
+
+# -------------------------------------------------------------------- 5. down + residual
+@pytest.mark.parametrize("m, f, d, split_k", [(1, 640, 256, 1), (1, 640, 320, 3), (3, 320, 384, 2),
+                                              (16, 640, 200, 1), (33, 320, 256, 2), (128, 640, 384, 1)])
+def test_down_residual(m, f, d, split_k):
+    g = gen("down", m, f, d, split_k)
+    h = randn(g, m, f)
+    residual = randn(g, m, d, dtype=torch.bfloat16)
+    dw, ds = weight(g, d, f)
+    h_fp8, h_s = quantize_activation(h)
+    out = nan_like((m, d), torch.bfloat16)
+    got = K.fp8_down_residual(*dev(h_fp8, h_s, dw, ds, residual), out=out, split_k=split_k)
+    assert got is out
+    got = got.cpu()
+    mlp = fp8_linear_w8a8(h, dw, ds, out_dtype=torch.bfloat16)
+    assert rel_err(got, residual + mlp) <= 1e-2            # the unfused bf16 residual add
+    # the GEMM part alone (a zero residual adds nothing): w8a8 and w8a16 references
+    alone = K.fp8_down_residual(*dev(h_fp8, h_s, dw, ds, torch.zeros_like(residual)),
+                                out=nan_like((m, d), torch.bfloat16), split_k=split_k).cpu()
+    assert rel_err(alone, mlp) <= 1e-2
+    assert deepgemm_diff(alone, fp8_linear_w8a16(h, dw, ds)) < 1e-3
+
+
+def test_down_residual_in_place():
+    g = gen("inplace")
+    h_fp8, h_s, dw, ds, residual = dev(*quantize_activation(randn(g, 4, 320)), *weight(g, 256, 320),
+                                       randn(g, 4, 256, dtype=torch.bfloat16))
+    expected = K.fp8_down_residual(h_fp8, h_s, dw, ds, residual)
+    got = K.fp8_down_residual(h_fp8, h_s, dw, ds, residual, out=residual)
+    assert got is residual and torch.equal(got, expected)
+
+
+# ----------------------------------------------------------------------- the three together
+@pytest.mark.parametrize("m, d, f", [(1, 256, 640), (33, 320, 320), (128, 256, 320)])
+def test_three_kernels_make_the_ffn_half(m, d, f):
+    g = gen("ffn", m, d, f)
+    hidden = randn(g, m, d, dtype=torch.bfloat16)
+    gain = (torch.rand(d, generator=g) + 0.5).to(torch.bfloat16)
+    (gw, gs), (uw, us), (dw, ds) = weight(g, f, d), weight(g, f, d), weight(g, d, f)
+    x_fp8, x_s = K.rmsnorm_quant(*dev(hidden, gain), 1e-6)
+    h_fp8, h_s = K.fp8_gate_up_swiglu_quant(x_fp8, x_s, *dev(gw, gs, uw, us))
+    out = K.fp8_down_residual(h_fp8, h_s, *dev(dw, ds, hidden), out=nan_like((m, d), torch.bfloat16))
+    mlp = K.fp8_down_residual(h_fp8, h_s, *dev(dw, ds, torch.zeros_like(hidden)),
+                              out=nan_like((m, d), torch.bfloat16))
+    out, mlp = out.cpu(), mlp.cpu()
+    x = rms_norm(hidden, gain, 1e-6)
+    # the w8a8 reference (Fp8DenseMLP's mode "w8a8", written out) and the block's residual add
+    h = torch.nn.functional.silu(fp8_linear_w8a8(x, gw, gs, out_dtype=torch.float32)) \
+        * fp8_linear_w8a8(x, uw, us, out_dtype=torch.float32)
+    mlp_w8a8 = fp8_linear_w8a8(h, dw, ds, out_dtype=torch.bfloat16)
+    assert rel_err(out, hidden + mlp_w8a8) <= 1e-2
+    assert rel_err(mlp, mlp_w8a8) <= 1e-2
+    # the bf16 reference with dequantized weights (w8a16). The MLP quantizes two activations
+    # (x and h), each worth ~5e-4 of DeepGEMM's measure, so the chain sits near 1e-3: the torch
+    # w8a8 reference itself does. Bound: 2e-3, and no worse than that reference (+1e-4).
+    mlp_w8a16 = fp8_linear_w8a16(
+        torch.nn.functional.silu(fp8_linear_w8a16(x, gw, gs)) * fp8_linear_w8a16(x, uw, us), dw, ds)
+    diff = deepgemm_diff(mlp, mlp_w8a16)
+    assert diff < 2e-3 and diff <= deepgemm_diff(mlp_w8a8, mlp_w8a16) + 1e-4
+
+
+# ----------------------------------------------------------------------------- validation
+def _operands():
+    g = gen("val")
+    return dev(*quantize_activation(randn(g, 4, 256)), *weight(g, 320, 256))
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda a: a.update(a_fp8=a["a_fp8"].float()), r"a_fp8: expected dtype torch.float8_e4m3fn, got torch.float32"),
+    (lambda a: a.update(a_scale=a["a_scale"][:, :1].contiguous()), r"a_scale: expected shape \[4, 2\], got \[4, 1\]"),
+    (lambda a: a.update(w_scale=a["w_scale"].t().contiguous()), r"w_scale: expected shape \[3, 2\], got \[2, 3\]"),
+    (lambda a: a.update(w_scale=a["w_scale"].double()), r"w_scale: expected dtype torch.float32"),
+    (lambda a: a.update(w_fp8=a["w_fp8"][:, :128].contiguous()), r"w_fp8: expected \[N, 256\]"),
+    (lambda a: a.update(w_fp8=a["w_fp8"][:, :128]), r"w_fp8: expected a contiguous tensor"),
+    (lambda a: a.update(a_fp8=a["a_fp8"][:, ::2]), r"a_fp8: expected rows with unit stride"),
+    (lambda a: a.update(a_fp8=a["a_fp8"][0]), r"a_fp8: expected a 2-d tensor \[M, K\], got shape \[256\]"),
+    (lambda a: a.update(a_scale=torch.empty(4, 2, device="meta")), r"a_scale: expected a tensor on (cpu|cuda)"),
+    (lambda a: a.update(out_dtype=torch.float16), r"out_dtype: expected torch.bfloat16 or torch.float32"),
+    (lambda a: a.update(split_k=0), r"split_k: expected a positive int or None, got 0"),
+    (lambda a: a.update(out=nan_like((4, 321), torch.bfloat16)), r"out: expected shape \[4, 320\]"),
+])
+def test_fp8_gemm_rejects_bad_input_before_writing(mutate, match):
+    x_fp8, x_s, w, s = _operands()
+    args = dict(a_fp8=x_fp8, a_scale=x_s, w_fp8=w, w_scale=s, out_dtype=torch.bfloat16, split_k=None,
+                out=nan_like((4, 320), torch.bfloat16))
+    poisoned = args["out"]
+    mutate(args)
+    with pytest.raises((ValueError, TypeError), match=match):
+        K.fp8_gemm(**args)
+    assert torch.isnan(poisoned).all()                       # nothing was launched
+
+
+def test_other_wrappers_reject_bad_input():
+    x_fp8, x_s, w, s = _operands()
+    (h,) = dev(torch.randn(4, 256).to(torch.bfloat16))
+    with pytest.raises(ValueError, match=r"h: expected dtype torch.bfloat16, got torch.float32"):
+        K.rmsnorm_quant(h.float(), torch.ones(256, dtype=torch.bfloat16, device=DEV), 1e-6)
+    with pytest.raises(ValueError, match=r"weight: expected shape \[256\], got \[255\]"):
+        K.rmsnorm_quant(h, torch.ones(255, dtype=torch.bfloat16, device=DEV), 1e-6)
+    with pytest.raises(ValueError, match=r"eps: expected a number >= 0, got -1"):
+        K.rmsnorm_quant(h, torch.ones(256, dtype=torch.bfloat16, device=DEV), -1)
+    with pytest.raises(ValueError, match=r"group_size: expected a power of two >= 16 such as 128, got 100"):
+        K.rmsnorm_quant(h, torch.ones(256, dtype=torch.bfloat16, device=DEV), 1e-6, group_size=100)
+    out = nan_like((4, 256), E4M3)
+    with pytest.raises(ValueError, match=r"scale_out: expected shape \[4, 2\], got \[4, 3\]"):
+        K.rmsnorm_quant(h, torch.ones(256, dtype=torch.bfloat16, device=DEV), 1e-6, out=out,
+                        scale_out=torch.empty(4, 3, device=DEV))
+    assert (out.view(torch.uint8) == 0x7F).all()
+    with pytest.raises(ValueError, match=r"up_w: expected shape \[320, 256\], got \[256, 256\]"):
+        K.fp8_gate_up_swiglu_quant(x_fp8, x_s, w, s, w[:256].contiguous(), s[:2].contiguous())
+    with pytest.raises(ValueError, match=r"up_s: expected shape \[3, 2\], got \[2, 2\]"):
+        K.fp8_gate_up_swiglu_quant(x_fp8, x_s, w, s, w, s[:2].contiguous())
+    with pytest.raises(ValueError, match=r"h_out: expected dtype torch.float32, got torch.bfloat16"):
+        K.fp8_gate_up_swiglu_quant(x_fp8, x_s, w, s, w, s, h_out=torch.empty(4, 320, dtype=torch.bfloat16, device=DEV))
+    h_fp8, h_s, dw, ds = dev(*quantize_activation(torch.randn(4, 320)),
+                             *quantize_weight_blockwise(torch.randn(320, 320)))
+    with pytest.raises(ValueError, match=r"residual: expected shape \[4, 320\], got \[4, 256\]"):
+        K.fp8_down_residual(h_fp8, h_s, dw, ds, h)
+    with pytest.raises(ValueError, match=r"residual: expected dtype torch.bfloat16 or torch.float32"):
+        K.fp8_down_residual(x_fp8, x_s, w, s, torch.zeros(4, 320, dtype=torch.float16, device=DEV))
+    with pytest.raises(ValueError, match=r"block_size: expected a pair of powers of two"):
+        K.dequantize_blockwise_triton(w, s, block_size=(128, 100))
+    with pytest.raises(ValueError, match=r"weight_scale_inv: expected shape \[5, 4\], got \[3, 2\]"):
+        K.dequantize_blockwise_triton(w, s, block_size=(64, 64))
+    with pytest.raises(ValueError, match=r"dtype: expected torch.bfloat16, torch.float16 or torch.float32"):
+        K.dequantize_blockwise_triton(w, s, dtype=torch.int8)
+    with pytest.raises(ValueError, match=r"x: expected dtype torch.bfloat16 or torch.float16 or "
+                                         r"torch.float32, got torch.float8_e4m3fn"):
+        K.act_quant(x_fp8)
+    with pytest.raises(ValueError, match=r"group_size: expected a power of two >= 16"):
+        K.act_quant(h, group_size=96)
+    with pytest.raises(TypeError, match=r"w_fp8: expected a torch.Tensor, got ndarray"):
+        K.dequantize_blockwise_triton(w.view(torch.uint8).cpu().numpy(), s)
+
+
+@pytest.mark.skipif(K.INTERPRETED, reason="the interpreter runs kernels on CPU tensors")
+def test_compiled_kernels_reject_cpu_tensors():
+    x_fp8, x_s, w, s = (t.cpu() for t in _operands())
+    with pytest.raises(ValueError, match=r"a_fp8: expected a CUDA tensor"):
+        K.fp8_gemm(x_fp8, x_s, w, s)
