@@ -21,7 +21,8 @@ def _check_linear_input(x, in_features: int, weight: torch.Tensor, name: str = "
         raise ValueError(f"{name}: expected [..., {in_features}] (hidden_size), "
                          f"got shape {list(x.shape)}")
     if x.dtype != weight.dtype:
-        raise ValueError(f"{name}: expected {weight.dtype} (the dtype of the weights), got {x.dtype}")
+        raise ValueError(f"{name}: expected {weight.dtype} (the dtype of the weights), "
+                         f"got {x.dtype}")
 
 
 def _check_sizes(hidden_size, intermediate_size):
@@ -33,11 +34,13 @@ def _check_sizes(hidden_size, intermediate_size):
 class GeluMLP(nn.Module):
     """The classic two-matrix MLP: `down_proj(gelu(up_proj(x)))`, exact (erf) GELU, no biases.
 
-    x: [..., hidden_size] -> [..., hidden_size]; up_proj.weight [intermediate_size, hidden_size],
-    down_proj.weight [hidden_size, intermediate_size]. At Kimi K2's width: 264,241,152 parameters.
+    x: [..., hidden_size] -> [..., hidden_size]; up_proj.weight [intermediate_size,
+    hidden_size], down_proj.weight [hidden_size, intermediate_size]. At Kimi K2's width:
+    264,241,152 parameters.
     """
 
-    def __init__(self, hidden_size: int, intermediate_size: int, dtype: torch.dtype | None = None):
+    def __init__(self, hidden_size: int, intermediate_size: int,
+                 dtype: torch.dtype | None = None):
         super().__init__()
         _check_sizes(hidden_size, intermediate_size)
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size

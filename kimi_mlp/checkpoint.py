@@ -15,7 +15,7 @@ import struct
 import sys
 import tempfile
 import time
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -23,34 +23,30 @@ from safetensors.torch import save_file
 
 from .block import ResidualBlock
 from kimi_mlp.config import (
-    KimiK2Config, count_parameters, dense_mlp_parameters, dense_mlp_shapes, read_safetensors_header,
+    INDEX_FILE, SINGLE_FILE, CheckpointError, KimiK2Config, count_parameters,
+    dense_mlp_parameters, dense_mlp_shapes, read_safetensors_header, resolve_tensor_files,
     scale_shape)
-from .fp8 import FP8_MODES, Fp8DenseMLP, quantize_weight_blockwise
+from .fp8 import (
+    FP8_MODES, Fp8DenseMLP, dequantize_weight_blockwise, quantize_weight_blockwise)
 from .rmsnorm import RMSNorm
 
 # %% auto #0
-__all__ = ['INDEX_FILE', 'SINGLE_FILE', 'KIMI_SHARD_NAME', 'K2_0905_SHARD_NAME', 'SAFETENSORS_DTYPES', 'SMALL_CONFIG',
-           'CHECK_BOUNDS', 'COMMANDS', 'EXTERNAL_COMMANDS', 'CheckpointError', 'dense_block_tensors',
-           'synthetic_weight', 'synthetic_norm_gain', 'write_synthetic_checkpoint', 'resolve_tensor_files',
-           'read_tensors', 'load_dense_block', 'dense_block_float64', 'relative_error', 'register_command',
-           'build_parser', 'main', 'checkpoint_tensors']
+__all__ = ['KIMI_SHARD_NAME', 'K2_0905_SHARD_NAME', 'SAFETENSORS_DTYPES', 'SMALL_CONFIG', 'CHECK_BOUNDS', 'COMMANDS',
+           'EXTERNAL_COMMANDS', 'dense_block_tensors', 'synthetic_weight', 'synthetic_norm_gain',
+           'write_synthetic_checkpoint', 'read_tensors', 'load_dense_block', 'dense_block_float64', 'relative_error',
+           'register_command', 'build_parser', 'main', 'checkpoint_tensors']
 
 # %% ../book/06_checkpoint.ipynb #ee351cab
-INDEX_FILE = "model.safetensors.index.json"
-SINGLE_FILE = "model.safetensors"
-KIMI_SHARD_NAME = "model-{i}-of-{n}.safetensors"            # Kimi-K2-Instruct: model-1-of-61.safetensors
-K2_0905_SHARD_NAME = "model-{i:05d}-of-{n:06d}.safetensors"  # the 0905 release: model-00001-of-000062...
+KIMI_SHARD_NAME = "model-{i}-of-{n}.safetensors"            # K2-Instruct: model-1-of-61...
+K2_0905_SHARD_NAME = "model-{i:05d}-of-{n:06d}.safetensors"  # 0905: model-00001-of-000062...
 
 SAFETENSORS_DTYPES = {
     "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "BF16": torch.bfloat16,
     "F16": torch.float16, "F32": torch.float32, "F64": torch.float64, "I64": torch.int64,
-    "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+    "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+    "BOOL": torch.bool,
 }
 _DTYPE_CODES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
-
-
-class CheckpointError(ValueError):
-    "A checkpoint that cannot be read as asked. The message names the file and the tensor."
 
 
 def _norm_dtype(config: KimiK2Config) -> torch.dtype:
@@ -61,22 +57,26 @@ def _norm_dtype(config: KimiK2Config) -> torch.dtype:
     return dtype
 
 
-def dense_block_tensors(config: KimiK2Config, layer: int = 0) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
+def dense_block_tensors(config: KimiK2Config,
+                        layer: int = 0) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
     """Name -> (dtype, shape) of every tensor the FFN half of dense block `layer` needs.
 
     The norm gain `model.layers.{layer}.post_attention_layernorm.weight` is `[hidden]` in the
     config's `torch_dtype` (bf16); each of `mlp.{gate,up,down}_proj` has `weight` `[N, K]`
     float8_e4m3fn and `weight_scale_inv` `[ceil(N/bn), ceil(K/bk)]` float32.
     """
-    if config.quant_method != "fp8" or config.fmt != "e4m3" or config.weight_block_size is None:
+    bs = config.weight_block_size
+    if config.quant_method != "fp8" or config.fmt != "e4m3" or bs is None:
         raise ValueError("config: expected an FP8 e4m3 checkpoint with block scales "
-                         f"(quant_method 'fp8', fmt 'e4m3'), got quant_method {config.quant_method!r}, "
-                         f"fmt {config.fmt!r}, weight_block_size {config.weight_block_size!r}")
+                         "(quant_method 'fp8', fmt 'e4m3'), got quant_method "
+                         f"{config.quant_method!r}, fmt {config.fmt!r}, "
+                         f"weight_block_size {bs!r}")
     p = f"model.layers.{layer}."
-    specs = {p + "post_attention_layernorm.weight": (_norm_dtype(config), (config.hidden_size,))}
+    gain = (_norm_dtype(config), (config.hidden_size,))
+    specs = {p + "post_attention_layernorm.weight": gain}
     for proj, shape in dense_mlp_shapes(config).items():
         specs[f"{p}mlp.{proj}.weight"] = (torch.float8_e4m3fn, shape)
-        specs[f"{p}mlp.{proj}.weight_scale_inv"] = (torch.float32, scale_shape(shape, config.weight_block_size))
+        specs[f"{p}mlp.{proj}.weight_scale_inv"] = (torch.float32, scale_shape(shape, bs))
     return specs
 
 # %% ../book/06_checkpoint.ipynb #427eb578
@@ -84,18 +84,19 @@ SMALL_CONFIG = KimiK2Config(hidden_size=256, intermediate_size=640, num_hidden_l
 
 
 def synthetic_weight(n: int, k: int, generator: torch.Generator) -> torch.Tensor:
-    """A random `[n, k]` float32 weight shaped like a trained one: heavy-tailed elements (Gaussian
-    times a log-normal factor), a log-normal scale per row, one input column in 200 (at least one)
-    scaled by 4, overall standard deviation about `1/sqrt(k)`."""
+    """A random `[n, k]` float32 weight shaped like a trained one: heavy-tailed elements
+    (Gaussian times a log-normal factor), a log-normal scale per row, one input column in 200
+    (at least one) scaled by 4, overall standard deviation about `1/sqrt(k)`."""
     w = torch.randn(n, k, generator=generator)
     w.mul_(torch.randn(n, k, generator=generator).mul_(0.5).exp_())   # E[factor^2] = e^0.5
-    w.mul_(torch.randn(n, 1, generator=generator).mul_(0.2).exp_())   # row spread, E[.^2] = e^0.08
+    w.mul_(torch.randn(n, 1, generator=generator).mul_(0.2).exp_())   # rows: E[.^2] = e^0.08
     outliers = torch.randperm(k, generator=generator)[: max(1, k // 200)]
     w[:, outliers] *= 4.0
-    return w.mul_(k ** -0.5 * math.exp(-0.29))                         # undo the factors' mean square
+    return w.mul_(k ** -0.5 * math.exp(-0.29))             # undo the factors' mean square
 
 
-def synthetic_norm_gain(d: int, generator: torch.Generator, dtype=torch.bfloat16) -> torch.Tensor:
+def synthetic_norm_gain(d: int, generator: torch.Generator,
+                        dtype=torch.bfloat16) -> torch.Tensor:
     "A `[d]` RMSNorm gain, log-normal around 1 (median 1, about 0.74 to 1.35 for one sigma)."
     return torch.randn(d, generator=generator).mul_(0.3).exp_().to(dtype)
 
@@ -111,10 +112,12 @@ def _shard_file_names(shard_name: str, n: int) -> list[str]:
         try:
             name = shard_name.format(i=i, n=n)
         except (KeyError, IndexError, ValueError) as e:
-            raise ValueError(f"shard_name: expected a format string with fields {{i}} and {{n}}, "
-                             f"got {shard_name!r} ({e!r})") from None
-        if "/" in name or "\\" in name or not name.endswith(".safetensors") or name == SINGLE_FILE:
-            raise ValueError(f"shard_name: expected a plain '*.safetensors' file name, got {name!r}")
+            raise ValueError(f"shard_name: expected a format string with fields {{i}} and "
+                             f"{{n}}, got {shard_name!r} ({e!r})") from None
+        if ("/" in name or "\\" in name or not name.endswith(".safetensors")
+                or name == SINGLE_FILE):
+            raise ValueError(f"shard_name: expected a plain '*.safetensors' file name, "
+                             f"got {name!r}")
         names.append(name)
     if len(set(names)) != n:
         raise ValueError(f"shard_name: expected distinct names for {n} shards, got {names}")
@@ -122,17 +125,20 @@ def _shard_file_names(shard_name: str, n: int) -> list[str]:
 
 
 def write_synthetic_checkpoint(path, config: KimiK2Config | None = None, num_layers: int = 1,
-                               seed: int = 0, full_size: bool = False, *, single_file: bool = False,
-                               norm_separate: bool = False, shard_name: str = KIMI_SHARD_NAME,
-                               extra_tensors: dict | None = None, progress: bool = False) -> Path:
-    """Write a Kimi-format FP8 checkpoint of `num_layers` layers' FFN tensors to the new directory `path`.
+                               seed: int = 0, full_size: bool = False, *,
+                               single_file: bool = False, norm_separate: bool = False,
+                               shard_name: str = KIMI_SHARD_NAME,
+                               extra_tensors: dict | None = None,
+                               progress: bool = False) -> Path:
+    """Write a Kimi-format FP8 checkpoint of `num_layers` layers' FFN tensors to the new
+    directory `path`.
 
-    config: sizes and quantization (default: hidden 256, intermediate 640; `full_size=True`: the
-    real 7168 / 18432). `num_hidden_layers` is set to `num_layers`; dense layers (by the config's
-    rule) get `mlp.{gate,up,down}_proj.{weight,weight_scale_inv}`, every layer its
+    config: sizes and quantization (default: hidden 256, intermediate 640; `full_size=True`:
+    the real 7168 / 18432). `num_hidden_layers` is set to `num_layers`; dense layers (by the
+    config's rule) get `mlp.{gate,up,down}_proj.{weight,weight_scale_inv}`, every layer its
     `post_attention_layernorm.weight`. Layer L goes to shard L + 1 named by `shard_name`
-    (`KIMI_SHARD_NAME` or `K2_0905_SHARD_NAME`); `norm_separate` puts the gains in an extra last
-    shard; `single_file` writes one `model.safetensors` and no index. `extra_tensors`
+    (`KIMI_SHARD_NAME` or `K2_0905_SHARD_NAME`); `norm_separate` puts the gains in an extra
+    last shard; `single_file` writes one `model.safetensors` and no index. `extra_tensors`
     (name -> (shape, dtype), zero-filled) join layer 0's shard. Returns `path`.
     """
     path = Path(path)
@@ -142,7 +148,7 @@ def write_synthetic_checkpoint(path, config: KimiK2Config | None = None, num_lay
         raise ValueError(f"num_layers: expected a positive int, got {num_layers!r}")
     base = config if config is not None else (KimiK2Config() if full_size else SMALL_CONFIG)
     config = dataclasses.replace(base, num_hidden_layers=num_layers)
-    dense_block_tensors(config, 0)                                    # validates the FP8 settings
+    dense_block_tensors(config, 0)                              # validates the FP8 settings
     block_size = config.weight_block_size
     n_files = 1 if single_file else num_layers + bool(norm_separate)
     files = [SINGLE_FILE] if single_file else _shard_file_names(shard_name, n_files)
@@ -151,7 +157,8 @@ def write_synthetic_checkpoint(path, config: KimiK2Config | None = None, num_lay
                  for part in ("mlp", "post_attention_layernorm"))
     for name in extra_tensors:
         if name.startswith(ours):
-            raise ValueError(f"extra_tensors: {name!r} would replace a tensor the writer makes")
+            raise ValueError(f"extra_tensors: {name!r} would replace a tensor the writer "
+                             "makes")
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise FileExistsError(f"path: expected a new or empty directory, got {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -169,7 +176,8 @@ def write_synthetic_checkpoint(path, config: KimiK2Config | None = None, num_lay
             if not config.is_dense_layer(layer):
                 continue
             for proj, (n, k) in dense_mlp_shapes(config).items():
-                _say(progress, f"layer {layer}: {proj} [{n}, {k}]: drawing and quantizing to e4m3")
+                _say(progress,
+                     f"layer {layer}: {proj} [{n}, {k}]: drawing and quantizing to e4m3")
                 w_fp8, scale = quantize_weight_blockwise(synthetic_weight(n, k, g), block_size)
                 shards[here][f"{p}mlp.{proj}.weight"] = w_fp8
                 shards[here][f"{p}mlp.{proj}.weight_scale_inv"] = scale
@@ -179,79 +187,29 @@ def write_synthetic_checkpoint(path, config: KimiK2Config | None = None, num_lay
         for i, fname in enumerate(files):
             tensors = shards[i]
             nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-            _say(progress, f"writing {fname}: {len(tensors)} tensors, {nbytes / 2**20:.1f} MiB")
+            _say(progress,
+                 f"writing {fname}: {len(tensors)} tensors, {nbytes / 2**20:.1f} MiB")
             save_file(tensors, str(tmp / fname), metadata={"format": "pt"})
             weight_map.update({name: fname for name in tensors})
             total += nbytes
             shards[i] = {}                                            # free as we go
         if not single_file:
-            index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+            index = {"metadata": {"total_size": total},
+                     "weight_map": dict(sorted(weight_map.items()))}
             (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
         (tmp / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
         umask = os.umask(0)
         os.umask(umask)
-        tmp.chmod(0o777 & ~umask)                                     # mkdtemp makes it private
+        tmp.chmod(0o777 & ~umask)                               # mkdtemp makes it private
         if path.is_dir():
             path.rmdir()
         os.rename(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    _say(progress, f"wrote {path}: {len(files)} safetensors file(s), {total / 2**20:.1f} MiB of tensors")
+    _say(progress, f"wrote {path}: {len(files)} safetensors file(s), "
+                   f"{total / 2**20:.1f} MiB of tensors")
     return path
-
-# %% ../book/06_checkpoint.ipynb #7f12f8a6
-def _allowed_roots(root: Path) -> list[Path]:
-    real = root.resolve()
-    roots = [real]
-    if real.parent.name == "snapshots":                 # Hugging Face cache: snapshots/<rev>/ -> blobs/
-        roots.append(real.parent.parent / "blobs")
-    return roots
-
-
-def _shard_path(root: Path, fname, tensor: str, source: Path) -> Path:
-    "The file `source` names for `tensor`, checked to be a plain file inside the checkpoint directory."
-    if not isinstance(fname, str) or not fname:
-        raise CheckpointError(f"{source}: tensor {tensor!r}: expected a file name, got {fname!r}")
-    rel = PurePosixPath(fname)
-    if rel.is_absolute() or Path(fname).is_absolute() or ".." in rel.parts or "\\" in fname:
-        raise CheckpointError(f"{source}: tensor {tensor!r} is mapped to {fname!r}, which lies outside "
-                              f"the checkpoint directory {root}")
-    path = root / rel
-    real = path.resolve()
-    if not any(real.is_relative_to(r) for r in _allowed_roots(root)):
-        raise CheckpointError(f"{source}: tensor {tensor!r} is mapped to {fname!r}, which resolves to "
-                              f"{real}, outside the checkpoint directory {root}")
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such shard file (it should hold tensor {tensor!r})")
-    return path
-
-
-def resolve_tensor_files(checkpoint_dir, names) -> dict[Path, list[str]]:
-    """Group the tensor `names` by the safetensors file that holds each, following
-    `model.safetensors.index.json`'s `weight_map` (or a single `model.safetensors`)."""
-    root = Path(checkpoint_dir)
-    if not root.is_dir():
-        raise FileNotFoundError(f"checkpoint_dir: expected a directory, got {root}")
-    names = list(names)
-    index = root / INDEX_FILE
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-            if not isinstance(weight_map, dict):
-                raise TypeError(f"weight_map is a {type(weight_map).__name__}")
-        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{index}: expected a safetensors index with a weight_map object "
-                                  f"({type(e).__name__}: {e})") from None
-        files: dict[Path, list[str]] = {}
-        for name in names:
-            if name not in weight_map:
-                raise CheckpointError(f"{index}: no entry for tensor {name!r} in weight_map")
-            files.setdefault(_shard_path(root, weight_map[name], name, index), []).append(name)
-        return files
-    if (root / SINGLE_FILE).exists() or (root / SINGLE_FILE).is_symlink():
-        return {_shard_path(root, SINGLE_FILE, names[0] if names else "", root): names}
-    raise FileNotFoundError(f"{root}: expected {INDEX_FILE} or {SINGLE_FILE} in the checkpoint directory")
 
 # %% ../book/06_checkpoint.ipynb #5d10ddbb
 def _tensor_entry(header: dict, file: Path, name: str, data_size: int):
@@ -272,17 +230,20 @@ def _tensor_entry(header: dict, file: Path, name: str, data_size: int):
         raise CheckpointError(f"{file}: tensor {name!r}: unknown dtype {code!r}")
     dtype = SAFETENSORS_DTYPES[code]
     if end - begin != math.prod(shape) * dtype.itemsize:
-        raise CheckpointError(f"{file}: tensor {name!r}: corrupt header: {end - begin} data bytes for "
-                              f"{code} {shape}, expected {math.prod(shape) * dtype.itemsize}")
+        raise CheckpointError(f"{file}: tensor {name!r}: corrupt header: {end - begin} data "
+                              f"bytes for {code} {shape}, "
+                              f"expected {math.prod(shape) * dtype.itemsize}")
     if end > data_size:
-        raise CheckpointError(f"{file}: tensor {name!r}: file truncated or corrupt: the header puts its "
-                              f"data at bytes {begin}..{end} of a data region of {data_size} bytes")
+        raise CheckpointError(f"{file}: tensor {name!r}: file truncated or corrupt: the "
+                              f"header puts its data at bytes {begin}..{end} of a data "
+                              f"region of {data_size} bytes")
     return dtype, tuple(shape), begin, end
 
 
 def _empty_bytes(n: int) -> np.ndarray:
     """`n` uninitialised bytes. numpy asks Linux for transparent huge pages on large arrays
-    (madvise), so filling them takes 512 times fewer page faults than torch.empty's 4 KiB pages."""
+    (madvise), so filling them takes 512 times fewer page faults than torch.empty's 4 KiB
+    pages."""
     return np.empty(n, dtype=np.uint8)
 
 
@@ -322,10 +283,11 @@ def read_tensors(file, specs: dict) -> dict[str, torch.Tensor]:
             want_dtype, want_shape = want
             if dtype != want_dtype:
                 raise CheckpointError(f"{file}: tensor {name!r}: expected dtype "
-                                      f"{_DTYPE_CODES[want_dtype]} ({want_dtype}), got {_DTYPE_CODES[dtype]}")
+                                      f"{_DTYPE_CODES[want_dtype]} ({want_dtype}), "
+                                      f"got {_DTYPE_CODES[dtype]}")
             if shape != tuple(want_shape):
-                raise CheckpointError(f"{file}: tensor {name!r}: expected shape {list(want_shape)}, "
-                                      f"got {list(shape)}")
+                raise CheckpointError(f"{file}: tensor {name!r}: expected shape "
+                                      f"{list(want_shape)}, got {list(shape)}")
         plan.append((begin, end, name, dtype, shape))
     out = {}
     with open(file, "rb", buffering=0) as f:
@@ -338,35 +300,40 @@ def read_tensors(file, specs: dict) -> dict[str, torch.Tensor]:
 # %% ../book/06_checkpoint.ipynb #1aa08226
 def load_dense_block(checkpoint_dir, layer: int = 0, config: KimiK2Config | None = None,
                      device="cpu", mode: str = "w8a16") -> ResidualBlock:
-    """Load the FFN half of dense block `layer` from a Kimi K2 (DeepSeek-V3 format) FP8 checkpoint.
+    """Load the FFN half of dense block `layer` from a Kimi K2 (DeepSeek-V3 format) FP8
+    checkpoint.
 
-    checkpoint_dir: holds config.json and model.safetensors.index.json (or one model.safetensors).
-    Returns `ResidualBlock(RMSNorm, Fp8DenseMLP)`: h [..., hidden] bf16 -> [..., hidden] bf16, on
-    `device`, with `block.config` set. Reads only the seven tensors it needs; never unpickles;
-    never writes to `checkpoint_dir`. Raises CheckpointError / FileNotFoundError naming the file
-    and tensor for a checkpoint that is incomplete, inconsistent, corrupt or unsafe.
+    checkpoint_dir: holds config.json and model.safetensors.index.json (or one
+    model.safetensors). Returns `ResidualBlock(RMSNorm, Fp8DenseMLP)`: h [..., hidden] bf16 ->
+    [..., hidden] bf16, on `device`, with `block.config` set. Reads only the seven tensors it
+    needs; never unpickles; never writes to `checkpoint_dir`. Raises CheckpointError /
+    FileNotFoundError naming the file and tensor for a checkpoint that is incomplete,
+    inconsistent, corrupt or unsafe.
     """
     root = Path(checkpoint_dir)
     if config is None:
         config = KimiK2Config.from_json(root / "config.json")
-    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < config.num_hidden_layers:
-        raise ValueError(f"layer: expected an int in [0, {config.num_hidden_layers}), got {layer!r}")
+    n_layers = config.num_hidden_layers
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n_layers:
+        raise ValueError(f"layer: expected an int in [0, {n_layers}), got {layer!r}")
     if not config.is_dense_layer(layer):
-        raise ValueError(f"layer: expected a dense layer (this config's are {config.dense_layers}), "
-                         f"got {layer}, a mixture-of-experts layer")
+        raise ValueError(f"layer: expected a dense layer (this config's are "
+                         f"{config.dense_layers}), got {layer}, a mixture-of-experts layer")
     specs = dense_block_tensors(config, layer)
     tensors = {}
     for file, names in resolve_tensor_files(root, specs).items():
         tensors.update(read_tensors(file, {name: specs[name] for name in names}))
         for name in names:
-            small = name.endswith("_scale_inv") or name.endswith("post_attention_layernorm.weight")
+            small = name.endswith(("_scale_inv", "post_attention_layernorm.weight"))
             if small and not torch.isfinite(tensors[name]).all():
-                raise CheckpointError(f"{file}: tensor {name!r}: expected finite values, got NaN or inf")
+                raise CheckpointError(f"{file}: tensor {name!r}: expected finite values, "
+                                      "got NaN or inf")
     prefix = f"model.layers.{layer}."
     state = {name.removeprefix(prefix): t for name, t in tensors.items()}
     with torch.device("meta"):
         norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, dtype=_norm_dtype(config))
-        mlp = Fp8DenseMLP(config.hidden_size, config.intermediate_size, config.weight_block_size, mode)
+        mlp = Fp8DenseMLP(config.hidden_size, config.intermediate_size,
+                          config.weight_block_size, mode)
         block = ResidualBlock(norm, mlp)
     block.load_state_dict(state, strict=True, assign=True)
     block.requires_grad_(False)
@@ -374,32 +341,27 @@ def load_dense_block(checkpoint_dir, layer: int = 0, config: KimiK2Config | None
     return block.to(device)
 
 # %% ../book/06_checkpoint.ipynb #c0496659
-def _dequantize_float64(w_fp8: torch.Tensor, scale: torch.Tensor, block_size) -> torch.Tensor:
-    "[N, K] float64 = e4m3 value x its block's weight_scale_inv, one row of blocks at a time."
-    (n, k), (bn, bk) = w_fp8.shape, block_size
-    out = torch.empty(n, k, dtype=torch.float64)
-    for i in range(scale.shape[0]):
-        rows = slice(i * bn, (i + 1) * bn)
-        out[rows] = w_fp8[rows].double() * scale[i].double().repeat_interleave(bk)[:k]
-    return out
-
-
 def dense_block_float64(block: ResidualBlock, h: torch.Tensor) -> torch.Tensor:
-    """The block's FFN half in float64 on its dequantized weights, an oracle for the FP8 forwards.
+    """The block's FFN half in float64 on its dequantized weights, an oracle for the FP8
+    forwards.
 
-    h: [..., hidden] (any floating dtype) -> [..., hidden] float64: `h + down(silu(gate(n)) * up(n))`
-    with `n = rms_norm(h)` computed without intermediate rounding.
+    h: [..., hidden] (any floating dtype) -> [..., hidden] float64:
+    `h + down(silu(gate(n)) * up(n))` with `n = rms_norm(h)` computed without intermediate
+    rounding.
     """
     norm, mlp = block.post_attention_layernorm, block.mlp
     x = h.detach().double().cpu()
-    n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight.detach().double().cpu()
-    w = {p: _dequantize_float64(getattr(mlp, p).weight.cpu(), getattr(mlp, p).weight_scale_inv.cpu(),
-                                mlp.block_size) for p in ("gate_proj", "up_proj", "down_proj")}
+    gain = norm.weight.detach().double().cpu()
+    n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps) * gain
+    w = {p: dequantize_weight_blockwise(getattr(mlp, p).weight.cpu(),
+                                        getattr(mlp, p).weight_scale_inv.cpu(), mlp.block_size,
+                                        dtype=torch.float64)   # exact: 4 x 24 significant bits
+         for p in ("gate_proj", "up_proj", "down_proj")}
     g, u = n @ w["gate_proj"].T, n @ w["up_proj"].T
     return x + (g * torch.sigmoid(g) * u) @ w["down_proj"].T
 
 
-CHECK_BOUNDS = {"w8a16": 2.0 ** -6, "w8a8": 2.0 ** -3}   # relative error bounds used by `check`
+CHECK_BOUNDS = {"w8a16": 2.0 ** -6, "w8a8": 2.0 ** -3}   # relative error bounds of `check`
 
 
 def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
@@ -408,13 +370,14 @@ def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
     return ((y.double() - ref).norm() / ref.norm()).item()
 
 # %% ../book/06_checkpoint.ipynb #9ed8e857
-COMMANDS: dict[str, tuple[str, object, object]] = {}           # name -> (help, add_arguments, run)
-EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {"bench": ("kimi_mlp.bench", "GPU benchmarks (chapter 9)")}
+COMMANDS: dict[str, tuple[str, object, object]] = {}    # name -> (help, add_arguments, run)
+EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {
+    "bench": ("kimi_mlp.bench", "GPU benchmarks (chapter 9)")}
 
 
 def register_command(name: str, run, add_arguments=None, help: str = "") -> None:
-    """Add subcommand `name`: `add_arguments(parser)` declares its options, `run(args)` does the work
-    and returns an exit status (None means 0)."""
+    """Add subcommand `name`: `add_arguments(parser)` declares its options, `run(args)` does
+    the work and returns an exit status (None means 0)."""
     COMMANDS[name] = (help, add_arguments, run)
 
 
@@ -426,8 +389,9 @@ def _external_available(module: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m kimi_mlp",
-                                     description="Kimi K2's dense FFN block: checkpoints and checks.")
+    parser = argparse.ArgumentParser(
+        prog="python -m kimi_mlp",
+        description="Kimi K2's dense FFN block: checkpoints and checks.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name, (help, add_arguments, run) in COMMANDS.items():
         p = sub.add_parser(name, help=help, description=help)
@@ -459,31 +423,30 @@ def main(argv=None) -> int:
 # %% ../book/06_checkpoint.ipynb #18912e77
 def _synth_arguments(p):
     p.add_argument("dir", type=Path, help="new (or empty) directory to write")
-    p.add_argument("--full-size", action="store_true", help="the real 7168 / 18432 shapes (378 MiB per dense layer)")
+    p.add_argument("--full-size", action="store_true",
+                   help="the real 7168 / 18432 shapes (378 MiB per dense layer)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--layers", type=int, default=1, help="layers to write (default 1: layer 0, dense)")
-    p.add_argument("--norm-separate", action="store_true", help="put the norm gains in a shard of their own")
-    p.add_argument("--single-file", action="store_true", help="one model.safetensors, no index")
+    p.add_argument("--layers", type=int, default=1,
+                   help="layers to write (default 1: layer 0, dense)")
+    p.add_argument("--norm-separate", action="store_true",
+                   help="put the norm gains in a shard of their own")
+    p.add_argument("--single-file", action="store_true",
+                   help="one model.safetensors, no index")
 
 
 def _synth(args):
     cfg = KimiK2Config() if args.full_size else SMALL_CONFIG
     print(f"writing a synthetic checkpoint: hidden {cfg.hidden_size}, intermediate "
           f"{cfg.intermediate_size}, {args.layers} layer(s), seed {args.seed}", flush=True)
-    write_synthetic_checkpoint(args.dir, num_layers=args.layers, seed=args.seed, full_size=args.full_size,
-                               single_file=args.single_file, norm_separate=args.norm_separate, progress=True)
+    write_synthetic_checkpoint(args.dir, num_layers=args.layers, seed=args.seed,
+                               full_size=args.full_size, single_file=args.single_file,
+                               norm_separate=args.norm_separate, progress=True)
 
 
 def checkpoint_tensors(checkpoint_dir) -> list[tuple[str, str, list[int], str]]:
-    "(name, dtype code, shape, file name) of every tensor of a checkpoint, from the headers alone."
-    root = Path(checkpoint_dir)
-    if (root / INDEX_FILE).is_file():
-        weight_map = json.loads((root / INDEX_FILE).read_text()).get("weight_map", {})
-        groups = resolve_tensor_files(root, weight_map)
-    else:
-        groups = {p: None for p in resolve_tensor_files(root, [])}
+    "(name, dtype code, shape, file name) of every tensor of a checkpoint, from its headers."
     rows = []
-    for file, names in groups.items():
+    for file, names in resolve_tensor_files(checkpoint_dir).items():
         header = read_safetensors_header(file)
         header.pop("__metadata__", None)
         for name in (sorted(header) if names is None else names):
@@ -495,7 +458,8 @@ def checkpoint_tensors(checkpoint_dir) -> list[tuple[str, str, list[int], str]]:
 
 def _info_arguments(p):
     p.add_argument("dir", type=Path, help="checkpoint directory")
-    p.add_argument("--match", default="", help="list only tensors whose name contains this text")
+    p.add_argument("--match", default="",
+                   help="list only tensors whose name contains this text")
     p.add_argument("--limit", type=int, default=100, help="list at most this many tensors")
 
 
@@ -503,7 +467,8 @@ def _info(args):
     root = args.dir
     cfg = KimiK2Config.from_json(root / "config.json")
     print(f"config: hidden {cfg.hidden_size}, intermediate {cfg.intermediate_size}, "
-          f"layers {cfg.num_hidden_layers} (dense: {cfg.dense_layers}), rms_norm_eps {cfg.rms_norm_eps:g}, "
+          f"layers {cfg.num_hidden_layers} (dense: {cfg.dense_layers}), "
+          f"rms_norm_eps {cfg.rms_norm_eps:g}, "
           f"weights {cfg.quant_method} {cfg.fmt} blocks {list(cfg.weight_block_size or [])}")
     rows = checkpoint_tensors(root)
     n_files = len({r[3] for r in rows})
@@ -518,7 +483,8 @@ def _info(args):
     for name, code, shape, shard in shown[: args.limit]:
         print(f"{name:{width}s}  {code:8s} {str(shape):16s} {shard}")
     if len(shown) > args.limit:
-        print(f"... and {len(shown) - args.limit} more (narrow with --match, or raise --limit)")
+        print(f"... and {len(shown) - args.limit} more "
+              "(narrow with --match, or raise --limit)")
 
 
 def _check_arguments(p):
@@ -535,7 +501,8 @@ def _check(args):
     t0 = time.perf_counter()
     block = load_dense_block(args.dir, layer=args.layer)
     nbytes = sum(t.numel() * t.element_size() for t in block.state_dict().values())
-    print(f"loaded 7 tensors, {nbytes / 2**20:.1f} MiB, in {time.perf_counter() - t0:.2f} s", flush=True)
+    print(f"loaded 7 tensors, {nbytes / 2**20:.1f} MiB, in {time.perf_counter() - t0:.2f} s",
+          flush=True)
     g = torch.Generator().manual_seed(args.seed)
     h = torch.randn(args.tokens, block.config.hidden_size, generator=g).to(torch.bfloat16)
     print(f"float64 reference on {args.tokens} tokens ...", flush=True)
@@ -549,11 +516,15 @@ def _check(args):
             dt = time.perf_counter() - t0
             err, bound = relative_error(y, ref), CHECK_BOUNDS[mode]
             ok &= err <= bound
-            print(f"{mode}: relative error {err:.1e} <= {bound:.1e}: {'OK' if err <= bound else 'FAIL'}"
+            verdict = "OK" if err <= bound else "FAIL"
+            print(f"{mode}: relative error {err:.1e} <= {bound:.1e}: {verdict}"
                   f" ({dt * 1e3:.1f} ms)", flush=True)
     return 0 if ok else 1
 
 
-register_command("synth", _synth, _synth_arguments, "write a synthetic Kimi-format FP8 checkpoint")
-register_command("info", _info, _info_arguments, "describe a checkpoint from its headers alone")
-register_command("check", _check, _check_arguments, "load a dense block and check its forwards against float64")
+register_command("synth", _synth, _synth_arguments,
+                 "write a synthetic Kimi-format FP8 checkpoint")
+register_command("info", _info, _info_arguments,
+                 "describe a checkpoint from its headers alone")
+register_command("check", _check, _check_arguments,
+                 "load a dense block and check its forwards against float64")

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .config import _check_block_size   # chapter 1: a pair of positive ints
 from .swiglu import silu
 
 # %% auto #0
@@ -17,33 +18,27 @@ __all__ = ['FP8_MAX', 'ACT_AMAX_EPS', 'FP8_DTYPE', 'FP8_MODES', 'quantize_weight
 
 # %% ../book/05_fp8.ipynb #466b5529
 FP8_MAX = 448.0          # largest finite float8_e4m3fn: 1.110 x 2^8
-ACT_AMAX_EPS = 1e-10     # activation amax floor: an all-zero group gets a finite scale, not 0/0
+ACT_AMAX_EPS = 1e-10     # activation amax floor: an all-zero group gets a finite scale, no 0/0
 FP8_DTYPE = torch.float8_e4m3fn
-
-
-def _check_block_size(block_size, name="block_size"):
-    ok = (isinstance(block_size, (tuple, list)) and len(block_size) == 2
-          and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block_size))
-    if not ok:
-        raise ValueError(f"{name}: expected a pair of positive ints such as (128, 128), got {block_size!r}")
-    return tuple(block_size)
 
 
 def _check_group_size(group_size):
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
-        raise ValueError(f"group_size: expected a positive int such as 128, got {group_size!r}")
+        raise ValueError(f"group_size: expected a positive int such as 128, "
+                         f"got {group_size!r}")
 
 
 def _check_floating(name, t, min_rank=1, rank=None):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point() or t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        raise ValueError(f"{name}: expected a floating tensor (float32, bfloat16, float16, float64), "
-                         f"got {t.dtype}")
+        raise ValueError(f"{name}: expected a floating tensor (float32, bfloat16, float16, "
+                         f"float64), got {t.dtype}")
     if rank is not None and t.dim() != rank:
         raise ValueError(f"{name}: expected a {rank}-d tensor, got shape {tuple(t.shape)}")
     if t.dim() < min_rank:
-        raise ValueError(f"{name}: expected at least {min_rank} dimension(s), got shape {tuple(t.shape)}")
+        raise ValueError(f"{name}: expected at least {min_rank} dimension(s), "
+                         f"got shape {tuple(t.shape)}")
 
 
 def _check_quantized_weight(weight, weight_scale_inv, block_size):
@@ -55,14 +50,17 @@ def _check_quantized_weight(weight, weight_scale_inv, block_size):
     if weight.dtype != FP8_DTYPE:
         raise ValueError(f"weight: expected dtype torch.float8_e4m3fn, got {weight.dtype}")
     if weight.dim() != 2:
-        raise ValueError(f"weight: expected a 2-d tensor [N, K], got shape {tuple(weight.shape)}")
+        raise ValueError(f"weight: expected a 2-d tensor [N, K], "
+                         f"got shape {tuple(weight.shape)}")
     if weight_scale_inv.dtype != torch.float32:
-        raise ValueError(f"weight_scale_inv: expected dtype torch.float32, got {weight_scale_inv.dtype}")
+        raise ValueError(f"weight_scale_inv: expected dtype torch.float32, "
+                         f"got {weight_scale_inv.dtype}")
     n, k = weight.shape
     expected = (math.ceil(n / bn), math.ceil(k / bk))
     if tuple(weight_scale_inv.shape) != expected:
-        raise ValueError(f"weight_scale_inv: expected shape {list(expected)} for a weight of shape "
-                         f"{[n, k]} and block_size {(bn, bk)}, got {list(weight_scale_inv.shape)}")
+        raise ValueError(f"weight_scale_inv: expected shape {list(expected)} for a weight of "
+                         f"shape {[n, k]} and block_size {(bn, bk)}, "
+                         f"got {list(weight_scale_inv.shape)}")
     if weight_scale_inv.device != weight.device:
         raise ValueError(f"weight_scale_inv: expected device {weight.device} (the weight's), "
                          f"got {weight_scale_inv.device}")
@@ -76,10 +74,11 @@ def quantize_weight_blockwise(w: torch.Tensor, block_size=(128, 128)):
     w_fp8 [N, K] float8_e4m3fn and weight_scale_inv [ceil(N/bn), ceil(K/bk)] float32, the
     *dequantization multiplier*: `w ~= float(w_fp8) * weight_scale_inv[i // bn, j // bk]`.
 
-    Per block, `weight_scale_inv = amax(|block|) / 448` in float32 (edge blocks are partial: the
-    amax runs over the real elements only) and `w_fp8 = (w / weight_scale_inv).clamp(-448, 448)`
-    cast to e4m3 with round-to-nearest-even. A block whose scale would be 0 (all zeros, or values so
-    small that amax / 448 underflows) gets scale 1.0 and exact-zero (or rounded-to-zero) codes.
+    Per block, `weight_scale_inv = amax(|block|) / 448` in float32 (edge blocks are partial:
+    the amax runs over the real elements only) and
+    `w_fp8 = (w / weight_scale_inv).clamp(-448, 448)` cast to e4m3, round-to-nearest-even. A
+    block whose scale would be 0 (all zeros, or values so small that amax / 448 underflows)
+    gets scale 1.0 and exact-zero (or rounded-to-zero) codes.
     Works one row of blocks at a time, so the float32 temporaries are `bn x K`, never `N x K`.
     """
     _check_floating("w", w, rank=2)
@@ -95,10 +94,10 @@ def quantize_weight_blockwise(w: torch.Tensor, block_size=(128, 128)):
             raise ValueError(f"w: expected finite values, got inf or NaN in rows "
                              f"{i * bn}..{min((i + 1) * bn, n) - 1}")
         amax = F.pad(rows.abs(), (0, pad)).view(rows.shape[0], kb, bk).amax(dim=(0, 2))  # [kb]
-        s = amax / FP8_MAX
+        s = amax / amax.new_tensor(FP8_MAX)     # IEEE division on every device (see below)
         s = torch.where(s > 0, s, torch.ones_like(s))
         scale[i] = s
-        s_cols = s.repeat_interleave(bk)[:k]                           # [K]: scale of each column
+        s_cols = s.repeat_interleave(bk)[:k]                    # [K]: each column's scale
         w_fp8[i * bn:(i + 1) * bn] = rows.div_(s_cols).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return w_fp8, scale
 
@@ -108,7 +107,8 @@ def dequantize_weight_blockwise(w_fp8: torch.Tensor, weight_scale_inv: torch.Ten
     """`float(w_fp8) * weight_scale_inv` per block, returned as `dtype`.
 
     w_fp8: [N, K] float8_e4m3fn; weight_scale_inv: [ceil(N/bn), ceil(K/bk)] float32.
-    Returns [N, K] `dtype`. Each product is formed in float32 and rounded once to `dtype`.
+    Returns [N, K] `dtype`. Each product is formed in float32 and rounded once to `dtype`; for
+    `dtype=torch.float64` it is formed in float64, where it is exact (an oracle's weights).
     Memory: the output plus one row of blocks (`bn x K`) in float32; no `N x K` float32 copy.
     """
     _check_quantized_weight(w_fp8, weight_scale_inv, block_size)
@@ -116,12 +116,13 @@ def dequantize_weight_blockwise(w_fp8: torch.Tensor, weight_scale_inv: torch.Ten
         raise ValueError(f"dtype: expected a floating dtype of 16 bits or more, got {dtype!r}")
     bn, bk = block_size
     n, k = w_fp8.shape
+    work = torch.float64 if dtype == torch.float64 else torch.float32
     out = torch.empty(n, k, dtype=dtype, device=w_fp8.device)
-    buf = torch.empty(min(bn, n), k, dtype=torch.float32, device=w_fp8.device)  # reused scratch
+    buf = torch.empty(min(bn, n), k, dtype=work, device=w_fp8.device)     # reused scratch
     for i in range(weight_scale_inv.shape[0]):
         r0, r1 = i * bn, min((i + 1) * bn, n)
         rows = buf[:r1 - r0]
-        rows.copy_(w_fp8[r0:r1])                                       # exact widening to float32
+        rows.copy_(w_fp8[r0:r1])                                       # exact widening
         rows.mul_(weight_scale_inv[i].repeat_interleave(bk)[:k])       # per-column block scale
         out[r0:r1].copy_(rows)                                         # one rounding to dtype
     return out
@@ -130,12 +131,13 @@ def dequantize_weight_blockwise(w_fp8: torch.Tensor, weight_scale_inv: torch.Ten
 def quantize_activation(x: torch.Tensor, group_size: int = 128):
     """Dynamic per-token, per-group e4m3 quantization of activations.
 
-    x: [..., K] floating (bf16 in the model). Groups are `group_size` consecutive features along
-    the last dimension (the last group is partial when K is not a multiple). Returns
+    x: [..., K] floating (bf16 in the model). Groups are `group_size` consecutive features
+    along the last dimension (the last group is partial when K is not a multiple). Returns
     `(x_fp8 [..., K] float8_e4m3fn, scale [..., ceil(K/group_size)] float32)` with, per group,
     `scale = max(amax(|x|), ACT_AMAX_EPS) / 448` and `x_fp8 = (x / scale).clamp(-448, 448)`,
     both divisions IEEE float32. `x ~= float(x_fp8) * scale`. An all-zero group gets scale
-    ACT_AMAX_EPS / 448 and zero codes, never NaN. Inputs must be finite (not checked: hot path).
+    ACT_AMAX_EPS / 448 and zero codes, never NaN. Inputs must be finite (not checked: hot
+    path; an inf or NaN in x makes its group's codes NaN, visibly).
     """
     _check_floating("x", x)
     _check_group_size(group_size)
@@ -145,7 +147,9 @@ def quantize_activation(x: torch.Tensor, group_size: int = 128):
     groups = math.ceil(k / group_size)
     xf = F.pad(x.float(), (0, groups * group_size - k)).unflatten(-1, (groups, group_size))
     amax = xf.abs().amax(dim=-1)                                       # [..., groups]
-    scale = amax.clamp(min=ACT_AMAX_EPS) / FP8_MAX
+    # A Python-number divisor lets torch on CUDA multiply by its reciprocal instead; a tensor
+    # divisor keeps the IEEE division that the Triton kernels reproduce bit for bit.
+    scale = amax.clamp(min=ACT_AMAX_EPS) / amax.new_tensor(FP8_MAX)
     q = (xf / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q.flatten(-2)[..., :k], scale
 
@@ -154,14 +158,15 @@ def fp8_linear_w8a16(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: to
                      block_size=(128, 128)) -> torch.Tensor:
     """Weight-only FP8 linear: dequantize the weight to `x.dtype`, then `F.linear` (no bias).
 
-    x: [..., K] floating; weight: [N, K] e4m3; weight_scale_inv: [ceil(N/bn), ceil(K/bk)] float32.
+    x: [..., K] floating; weight: [N, K] e4m3;
+    weight_scale_inv: [ceil(N/bn), ceil(K/bk)] float32.
     Returns [..., N] in x.dtype. This is DeepSeek's default `gemm_impl = "bf16"` path.
     """
     _check_floating("x", x)
     _check_quantized_weight(weight, weight_scale_inv, block_size)
     if x.shape[-1] != weight.shape[1]:
-        raise ValueError(f"x: expected last dimension {weight.shape[1]} (the weight's in_features), "
-                         f"got shape {tuple(x.shape)}")
+        raise ValueError(f"x: expected last dimension {weight.shape[1]} (the weight's "
+                         f"in_features), got shape {tuple(x.shape)}")
     w = dequantize_weight_blockwise(weight, weight_scale_inv, block_size, dtype=x.dtype)
     return F.linear(x, w)
 
@@ -171,28 +176,31 @@ def fp8_linear_w8a8(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: tor
     """FP8 x FP8 linear with block scales, the numeric reference for the Triton GEMM.
 
     x: [..., K] floating, quantized on the fly by `quantize_activation(x, 128)`;
-    weight: [N, K] e4m3; weight_scale_inv: [ceil(N/bn), ceil(K/128)] float32 (block_size[1] must be
-    128, the activation group). For each 128-wide K block kb, in float32:
-    `acc += (x_fp8[:, kb] @ w_fp8[:, kb].T) * x_scale[:, kb, None] * w_scale[n // bn, kb][None, :]`.
+    weight: [N, K] e4m3; weight_scale_inv: [ceil(N/bn), ceil(K/128)] float32 (block_size[1]
+    must be 128, the activation group). For each 128-wide K block kb, in float32:
+    `acc += (x_fp8[:, kb] @ w_fp8[:, kb].T) * x_scale[:, kb, None]
+    * w_scale[n // bn, kb][None, :]`.
     Returns acc as [..., N] in `out_dtype` (default x.dtype).
     """
     _check_floating("x", x)
     bn, bk = _check_quantized_weight(weight, weight_scale_inv, block_size)
     if bk != 128:
-        raise ValueError(f"block_size: expected block_size[1] == 128 (the activation group size), "
-                         f"got {tuple(block_size)}")
+        raise ValueError(f"block_size: expected block_size[1] == 128 (the activation group "
+                         f"size), got {tuple(block_size)}")
     n, k = weight.shape
     if x.shape[-1] != k:
         raise ValueError(f"x: expected last dimension {k} (the weight's in_features), "
                          f"got shape {tuple(x.shape)}")
     out_dtype = x.dtype if out_dtype is None else out_dtype
+    if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
+        raise ValueError(f"out_dtype: expected a floating torch dtype, got {out_dtype!r}")
     lead = x.shape[:-1]
     x_fp8, x_scale = quantize_activation(x.reshape(-1, k), group_size=bk)   # [M, K], [M, kb]
     acc = torch.zeros(x_fp8.shape[0], n, dtype=torch.float32, device=x.device)
     for kb in range(weight_scale_inv.shape[1]):
         cols = slice(kb * bk, (kb + 1) * bk)
         w_scale = weight_scale_inv[:, kb].repeat_interleave(bn)[:n]             # [N]
-        dot = x_fp8[:, cols].float() @ weight[:, cols].float().T                # [M, N] float32
+        dot = x_fp8[:, cols].float() @ weight[:, cols].float().T         # [M, N] float32
         acc += dot * x_scale[:, kb, None] * w_scale[None, :]
     return acc.to(out_dtype).reshape(*lead, n)
 
@@ -209,10 +217,12 @@ def _check_mode(mode):
 class Fp8Linear(nn.Module):
     """A bias-free Linear whose weight is stored as in the checkpoint: buffers `weight`
     ([out_features, in_features] float8_e4m3fn) and `weight_scale_inv`
-    ([ceil(out/bn), ceil(in/bk)] float32). `mode` picks the forward: "w8a16" (dequantize, matmul in
-    the activation dtype) or "w8a8" (quantize activations per 1 x 128 group, float32 accumulation)."""
+    ([ceil(out/bn), ceil(in/bk)] float32). `mode` picks the forward: "w8a16" (dequantize,
+    matmul in the activation dtype) or "w8a8" (quantize activations per 1 x 128 group, float32
+    accumulation)."""
 
-    def __init__(self, in_features: int, out_features: int, block_size=(128, 128), mode: str = "w8a16"):
+    def __init__(self, in_features: int, out_features: int, block_size=(128, 128),
+                 mode: str = "w8a16"):
         super().__init__()
         for name, v in (("in_features", in_features), ("out_features", out_features)):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
@@ -226,11 +236,13 @@ class Fp8Linear(nn.Module):
             math.ceil(out_features / bn), math.ceil(in_features / bk), dtype=torch.float32))
 
     @classmethod
-    def from_linear(cls, linear_or_weight, block_size=(128, 128), mode: str = "w8a16") -> "Fp8Linear":
+    def from_linear(cls, linear_or_weight, block_size=(128, 128),
+                    mode: str = "w8a16") -> "Fp8Linear":
         "Quantize an `nn.Linear` (no bias) or an [out, in] weight tensor into an `Fp8Linear`."
         if isinstance(linear_or_weight, nn.Linear):
             if linear_or_weight.bias is not None:
-                raise ValueError("linear_or_weight: expected a Linear without bias, got one with a bias")
+                raise ValueError("linear_or_weight: expected a Linear without bias, "
+                                 "got one with a bias")
             w = linear_or_weight.weight.detach()
         else:
             w = linear_or_weight
@@ -243,15 +255,19 @@ class Fp8Linear(nn.Module):
 
     def dequantized_weight(self, dtype=torch.bfloat16) -> torch.Tensor:
         "The weight as `dtype`: [out_features, in_features]."
-        return dequantize_weight_blockwise(self.weight, self.weight_scale_inv, self.block_size, dtype)
+        return dequantize_weight_blockwise(self.weight, self.weight_scale_inv, self.block_size,
+                                           dtype)
 
-    def forward(self, x: torch.Tensor, mode: str | None = None, out_dtype=None) -> torch.Tensor:
-        """x: [..., in_features] -> [..., out_features]. `mode` overrides `self.mode` for this call;
-        `out_dtype` (w8a8 only; default x.dtype) lets a caller keep the float32 accumulator."""
+    def forward(self, x: torch.Tensor, mode: str | None = None,
+                out_dtype=None) -> torch.Tensor:
+        """x: [..., in_features] -> [..., out_features]. `mode` overrides `self.mode` for this
+        call; `out_dtype` (w8a8 only; default x.dtype) lets a caller keep the float32
+        accumulator."""
         mode = _check_mode(self.mode if mode is None else mode)
         if mode == "w8a16":
             return fp8_linear_w8a16(x, self.weight, self.weight_scale_inv, self.block_size)
-        return fp8_linear_w8a8(x, self.weight, self.weight_scale_inv, self.block_size, out_dtype=out_dtype)
+        return fp8_linear_w8a8(x, self.weight, self.weight_scale_inv, self.block_size,
+                               out_dtype=out_dtype)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -261,16 +277,20 @@ class Fp8Linear(nn.Module):
 class Fp8DenseMLP(nn.Module):
     """Kimi K2's dense SwiGLU MLP with FP8 block-scaled weights: `down(silu(gate(x)) * up(x))`.
 
-    `gate_proj`, `up_proj`: Fp8Linear(hidden -> intermediate); `down_proj`: Fp8Linear(intermediate ->
-    hidden). x: [..., hidden] bf16 -> [..., hidden] in x.dtype.
-    - "w8a16": every step in x.dtype, like the reference modeling_deepseek.py with dequantized weights.
-    - "w8a8": gate and up by `fp8_linear_w8a8` with float32 outputs, `h = silu(g) * u` in float32,
-      then `fp8_linear_w8a8(h, down)` rounded to x.dtype (the fused kernels' reference).
+    `gate_proj`, `up_proj`: Fp8Linear(hidden -> intermediate); `down_proj`:
+    Fp8Linear(intermediate -> hidden). x: [..., hidden] bf16 -> [..., hidden] in x.dtype.
+    - "w8a16": every step in x.dtype, like the reference modeling_deepseek.py with
+      dequantized weights.
+    - "w8a8": gate and up by `fp8_linear_w8a8` with float32 outputs, `h = silu(g) * u` in
+      float32, then `fp8_linear_w8a8(h, down)` rounded to x.dtype (the fused kernels'
+      reference).
     """
 
-    def __init__(self, hidden_size: int, intermediate_size: int, block_size=(128, 128), mode: str = "w8a16"):
+    def __init__(self, hidden_size: int, intermediate_size: int, block_size=(128, 128),
+                 mode: str = "w8a16"):
         super().__init__()
-        for name, v in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
+        for name, v in (("hidden_size", hidden_size),
+                        ("intermediate_size", intermediate_size)):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name}: expected a positive int, got {v!r}")
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
@@ -293,8 +313,9 @@ class Fp8DenseMLP(nn.Module):
         return self.gate_proj.block_size
 
     @classmethod
-    def from_dense(cls, dense: nn.Module, block_size=(128, 128), mode: str = "w8a16") -> "Fp8DenseMLP":
-        "Quantize a bf16 MLP with `gate_proj`, `up_proj`, `down_proj` Linear layers (e.g. DenseMLP)."
+    def from_dense(cls, dense: nn.Module, block_size=(128, 128),
+                   mode: str = "w8a16") -> "Fp8DenseMLP":
+        "Quantize a bf16 MLP with Linear `gate_proj`, `up_proj`, `down_proj` (e.g. DenseMLP)."
         for name in ("gate_proj", "up_proj", "down_proj"):
             if not isinstance(getattr(dense, name, None), nn.Linear):
                 raise ValueError(f"dense: expected a module with nn.Linear {name}, "

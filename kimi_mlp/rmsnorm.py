@@ -32,10 +32,10 @@ def _check_norm_inputs(x, weight, eps):
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """Root-mean-square normalisation over the last dimension, in the reference's order.
 
-    x: [..., d] floating (Kimi K2: [B, T, 7168] bf16); weight: [d] gain (bf16 in the checkpoint).
-    The statistics are computed in float32, the normalised x is cast back to x.dtype, *then* the
-    gain multiplies it (`modeling_deepseek.py` lines 103-108). Returns [..., d] in the promoted
-    dtype of weight and x (bf16 when both are bf16).
+    x: [..., d] floating (Kimi K2: [B, T, 7168] bf16); weight: [d] gain (bf16 in the
+    checkpoint). The statistics are computed in float32, the normalised x is cast back to
+    x.dtype, *then* the gain multiplies it (`modeling_deepseek.py` lines 103-108). Returns
+    [..., d] in the promoted dtype of weight and x (bf16 when both are bf16).
     """
     _check_norm_inputs(x, weight, eps)
     xf = x.float()
@@ -52,7 +52,8 @@ class RMSNorm(nn.Module):
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None):
         super().__init__()
-        if isinstance(hidden_size, bool) or not isinstance(hidden_size, int) or hidden_size < 1:
+        if (isinstance(hidden_size, bool) or not isinstance(hidden_size, int)
+                or hidden_size < 1):
             raise ValueError(f"hidden_size: expected a positive int, got {hidden_size!r}")
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
             raise ValueError(f"eps: expected a number >= 0, got {eps!r}")

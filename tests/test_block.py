@@ -1,5 +1,4 @@
 """Chapter 3: ResidualBlock and GeluMLP; the block with DenseMLP against Hugging Face's modules."""
-import math
 
 import pytest
 import torch
@@ -10,23 +9,10 @@ from kimi_mlp.block import GeluMLP, ResidualBlock
 from kimi_mlp.config import KimiK2Config, gelu_mlp_parameters
 from kimi_mlp.rmsnorm import RMSNorm
 from kimi_mlp.swiglu import DenseMLP
+from numerics import rel_rms, rel_rms_bound
 
-U_BF16, U_F32 = 2.0**-8, 2.0**-24
 SHAPES = [(1, 1), (2, 3), (4, 5)]  # [B, T]
 DTYPES = [torch.float32, torch.bfloat16]
-
-
-def rel_rms_bound(dtype, k):
-    """Allowed relative rms error of the block output against float64. bf16: six roundings on the
-    path (norm cast, gain, first projection, activation, down projection, residual add), each at
-    most u = 2^-8 and about u/sqrt(3) rms, add in quadrature to ~1.4u; 4u leaves room for the
-    amplification through the activation and the matmuls. float32: the k-term float32
-    accumulations dominate and drift like sqrt(k) u_f32; we allow 4 sqrt(k) u_f32."""
-    return 4 * U_BF16 if dtype == torch.bfloat16 else 4 * math.sqrt(k) * U_F32
-
-
-def rel_rms(y, o):
-    return ((y.double() - o).pow(2).mean().sqrt() / o.pow(2).mean().sqrt()).item()
 
 
 def fill(module, rng):

@@ -6,9 +6,9 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from kimi_mlp.config import (KimiK2Config, count_parameters, dense_mlp_bytes, dense_mlp_parameters,
-                             dense_mlp_shapes, gelu_mlp_parameters, read_safetensors_header,
-                             scale_shape)
+from kimi_mlp.config import (CheckpointError, KimiK2Config, count_parameters, dense_mlp_bytes,
+                             dense_mlp_parameters, dense_mlp_shapes, gelu_mlp_parameters,
+                             read_safetensors_header, scale_shape)
 
 REAL = KimiK2Config()
 
@@ -113,6 +113,27 @@ def test_count_parameters_single_and_sharded(tmp_path):
     (shard / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
     with pytest.raises(KeyError, match="model-1-of-2.safetensors.*extra"):
         count_parameters(shard)
+
+
+@pytest.mark.parametrize("entry", ["../outside.safetensors", "sub/../../outside.safetensors",
+                                   "ABSOLUTE", "LINK"])
+def test_count_parameters_refuses_files_outside_the_checkpoint(tmp_path, entry):
+    "The index is untrusted input: an entry (or a link) leading outside the directory is refused."
+    cfg = KimiK2Config(hidden_size=256, intermediate_size=384)
+    tensors, norm = _small_checkpoint(cfg)
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    save_file(tensors, root / "model-1-of-2.safetensors")
+    outside = tmp_path / "outside.safetensors"
+    save_file(norm, outside)                                  # a valid file, still refused
+    shard2 = "model-2-of-2.safetensors"
+    if entry == "LINK":
+        (root / shard2).symlink_to(outside)
+    wm = {**{k: "model-1-of-2.safetensors" for k in tensors},
+          **{k: {"ABSOLUTE": str(outside), "LINK": shard2}.get(entry, entry) for k in norm}}
+    (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
+    with pytest.raises(CheckpointError, match="outside the checkpoint directory"):
+        count_parameters(root)
 
 
 def test_count_parameters_reads_headers_only(tmp_path, monkeypatch):

@@ -143,8 +143,11 @@ def test_module_defaults_and_state_dict():
 
 def test_gradients_match_float64_oracle():
     """Backward works and agrees with the float64 formula's gradient. (Like the reference, the
-    statistics are float32 even for float64 input, so gradcheck's 1e-6 tolerances do not apply;
-    float32 gradients of a 32-term reduction agree to ~1e-6 relative, we allow 1e-4.)"""
+    statistics are float32 even for float64 input, so gradcheck's 1e-6 tolerances do not apply.)
+    Bound: the forward's float32 part is within (d + 8) u_f32 (see rel_bound); the backward
+    adds one more d-term float32 reduction (the sum of dy * g * x_hat over the token, or of
+    dy * x_hat over the tokens for the gain), so we allow 2 (d + 8) u_f32 of the largest gradient
+    (measured: about 3e-7 at most over 200 seeds, against 4.8e-6)."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 32, generator=g, requires_grad=True)
     w = torch.randn(32, generator=g, requires_grad=True)
@@ -152,8 +155,9 @@ def test_gradients_match_float64_oracle():
     gx, gw = torch.autograd.grad((rms_norm(x, w) * dy).sum(), (x, w))
     x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
     ox, ow = torch.autograd.grad((oracle(x64, w64, 1e-6) * dy.double()).sum(), (x64, w64))
+    bound = 2 * (32 + 8) * U_F32
     for got, want in ((gx, ox), (gw, ow)):
-        assert ((got.double() - want).abs().max() / want.abs().max()).item() <= 1e-4
+        assert ((got.double() - want).abs().max() / want.abs().max()).item() <= bound
 
 
 @pytest.mark.parametrize("x, weight, match", [

@@ -1,5 +1,4 @@
 """Chapter 4: silu, swiglu, DenseMLP against a float64 oracle and Hugging Face's DeepseekV3MLP."""
-import math
 
 import pytest
 import torch
@@ -7,23 +6,11 @@ import torch.nn.functional as F
 
 from kimi_mlp.config import KimiK2Config, dense_mlp_parameters, gelu_mlp_parameters
 from kimi_mlp.swiglu import DenseMLP, silu, swiglu
+from numerics import U_BF16, U_F32, rel_rms, rel_rms_bound
 
-U_BF16, U_F32 = 2.0**-8, 2.0**-24
 SHAPES = [(1, 1), (2, 3), (3, 5)]  # [B, T]
 DTYPES = [torch.float32, torch.bfloat16]
 SIZES = [(256, 640), (200, 330)]  # (hidden, intermediate): multiples of 128 and not
-
-
-def rel_rms_bound(dtype, k):
-    """Allowed relative rms error of the MLP output against float64. bf16: five roundings on the
-    path (gate, up, silu, product, down), each at most u = 2^-8 and about u/sqrt(3) rms, add in
-    quadrature to ~1.3u; 4u leaves room for amplification through the matmuls. float32: a k-term
-    float32 accumulation drifts like sqrt(k) u_f32; we allow 4 sqrt(k) u_f32."""
-    return 4 * U_BF16 if dtype == torch.bfloat16 else 4 * math.sqrt(k) * U_F32
-
-
-def rel_rms(y, o):
-    return ((y.double() - o).pow(2).mean().sqrt() / o.pow(2).mean().sqrt()).item()
 
 
 def oracle(mlp, x):
