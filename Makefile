@@ -43,5 +43,9 @@ export: $(STAMP)
 execute: $(STAMP)
 	$(PY) tools/execute.py $(NB)
 
+## GPU benchmarks (chapter 9): writes book/data/bench_<gpu>_<date>.json on a CUDA machine.
+bench: $(STAMP)
+	$(PY) -m kimi_mlp bench
+
 clean:
 	rm -rf _build

@@ -14,3 +14,15 @@ from .fp8 import (ACT_AMAX_EPS, FP8_MAX, Fp8DenseMLP, Fp8Linear, dequantize_weig
 from .checkpoint import CheckpointError, load_dense_block, write_synthetic_checkpoint
 
 __version__ = "0.1.0"
+
+# The fused Triton block (chapter 8) needs Triton: import it on first use, so that
+# `import kimi_mlp` works without it. Importing kimi_mlp.fused (or kimi_mlp.kernels) turns on
+# Triton's CPU interpreter when no CUDA device is present.
+_LAZY = {"FusedFp8DenseMLP": "fused", "fused_ffn_block": "fused"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

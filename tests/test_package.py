@@ -17,6 +17,8 @@ PUBLIC_API = [
     # issue 4
     "quantize_weight_blockwise", "dequantize_weight_blockwise", "quantize_activation", "Fp8Linear",
     "Fp8DenseMLP", "load_dense_block", "write_synthetic_checkpoint",
+    # issue 5 (imported lazily: they need Triton)
+    "FusedFp8DenseMLP", "fused_ffn_block",
 ]
 
 

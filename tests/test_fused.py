@@ -1,0 +1,238 @@
+"""Chapter 8: the fused FFN half (kimi_mlp.fused) against chapter 5's references.
+
+Kernels run through Triton's interpreter here (conftest sets TRITON_INTERPRET=1 without CUDA), so the
+shapes are small: hidden/intermediate 256/640 (multiples of 128) and 320/704 (not multiples).
+"""
+import json
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from kimi_mlp import kernels
+from kimi_mlp.block import ResidualBlock
+from kimi_mlp.fp8 import Fp8DenseMLP
+from kimi_mlp.fused import (FusedFp8DenseMLP, deepgemm_measure, fused_ffn_block, fused_launch_costs,
+                            gpucheck_main, launch_floor_s, poisoned_allocations, random_dense_block,
+                            relative_error, unfused_launch_costs)
+from kimi_mlp.rmsnorm import RMSNorm
+
+SHAPES = [(256, 640), (320, 704)]     # (hidden, intermediate): multiples of 128, and not
+# Same math as the w8a8 reference; what differs is the order of float32 sums, seen through bf16
+# output rounding (relative 2^-9 of |h + y|) and the odd e4m3 code of the intermediate it flips.
+REL_BOUND = 1e-2
+# Against w8a16 (no activation quantization): DeepGEMM's acceptance measure on the block output.
+DEEPGEMM_BOUND = 1e-3
+
+
+@pytest.fixture(scope="module")
+def blocks():
+    return {shape: random_dense_block(*shape, seed=i) for i, shape in enumerate(SHAPES)}
+
+
+def _references(block, h):
+    mode = block.mlp.mode
+    try:
+        block.mlp.mode = "w8a8"
+        ref8 = block(h)
+        block.mlp.mode = "w8a16"
+        ref16 = block(h)
+    finally:
+        block.mlp.mode = mode
+    return ref8, ref16
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("m", [1, 3, 16, 33, 128])
+def test_fused_matches_references(blocks, shape, m):
+    block = blocks[shape]
+    gen = torch.Generator().manual_seed(1000 * m + shape[0])          # fresh inputs per case
+    h = torch.randn(m, shape[0], generator=gen).to(torch.bfloat16)
+    with torch.no_grad():
+        with poisoned_allocations():                                   # unwritten outputs show as NaN
+            out = fused_ffn_block(h, block)
+        ref8, ref16 = _references(block, h)
+    assert out.shape == h.shape and out.dtype == torch.bfloat16
+    assert torch.isfinite(out).all()
+    err = relative_error(out - h, ref8 - h)        # the MLP part: h would dilute the error
+    assert err <= REL_BOUND, f"relative error {err:.2e} > {REL_BOUND}"
+    dg = deepgemm_measure(out, ref16)
+    assert dg < DEEPGEMM_BOUND, f"DeepGEMM measure {dg:.2e} >= {DEEPGEMM_BOUND}"
+
+
+def test_poisoning_catches_an_unwritten_output(blocks, monkeypatch):
+    "The poison is real: a down kernel that forgets half its rows fails the comparison."
+    block = blocks[SHAPES[0]]
+    real = kernels.fp8_down_residual
+
+    def half_written(h_fp8, h_scale, w, s, residual):
+        out = torch.empty_like(residual)
+        m = residual.shape[0] // 2
+        out[:m] = real(h_fp8[:m], h_scale[:m], w, s, residual[:m])
+        return out
+
+    monkeypatch.setattr(kernels, "fp8_down_residual", half_written)
+    h = torch.randn(4, 256, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    with torch.no_grad(), poisoned_allocations():
+        out = fused_ffn_block(h, block)
+    assert torch.isnan(out[2:]).all() and torch.isfinite(out[:2]).all()
+    assert not relative_error(out - h, h) <= REL_BOUND                 # NaN never passes
+
+
+def test_poisoned_allocations_restores_torch():
+    empty = torch.empty
+    with poisoned_allocations():
+        assert torch.isnan(torch.empty(3)).all()
+        assert (torch.empty(3, dtype=torch.float8_e4m3fn).view(torch.uint8) == 0x7F).all()
+        assert torch.isnan(torch.empty_like(torch.zeros(2))).all()
+        assert torch.isnan(torch.zeros(2).new_empty(2)).all()
+    assert torch.empty is empty
+
+
+def test_three_launches_in_order(blocks, monkeypatch):
+    block = blocks[SHAPES[1]]
+    calls = []
+    for name in ("rmsnorm_quant", "fp8_gate_up_swiglu_quant", "fp8_down_residual", "fp8_gemm"):
+        real = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name,
+                            lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    h = torch.randn(2, 320, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    with torch.no_grad():
+        fused_ffn_block(h, block)
+    assert calls == ["rmsnorm_quant", "fp8_gate_up_swiglu_quant", "fp8_down_residual"]
+
+
+def test_batch_shapes_and_layouts(blocks):
+    block = blocks[SHAPES[0]]
+    gen = torch.Generator().manual_seed(7)
+    h3 = torch.randn(2, 3, 256, generator=gen).to(torch.bfloat16)
+    with torch.no_grad():
+        out3 = fused_ffn_block(h3, block)
+        out2 = fused_ffn_block(h3.reshape(6, 256), block)
+        # a non-contiguous [B, T, d] view (T and B swapped) computes the same rows
+        out_t = fused_ffn_block(h3.transpose(0, 1), block)
+        empty = fused_ffn_block(h3[:, :0], block)
+    assert out3.shape == (2, 3, 256)
+    assert torch.equal(out3.reshape(6, 256), out2)
+    assert torch.equal(out_t, out3.transpose(0, 1))
+    assert empty.shape == (2, 0, 256)
+
+
+@pytest.mark.parametrize("bad, err, match", [
+    (lambda h: h.float(), ValueError, "h: expected torch.bfloat16"),
+    (lambda h: h[:, :128], ValueError, r"h: expected \[B, T, 256\] or \[M, 256\]"),
+    (lambda h: h[0], ValueError, r"got shape \[256\]"),
+    (lambda h: h[None, None], ValueError, r"got shape \[1, 1, 4, 256\]"),
+    (lambda h: h.to("meta"), ValueError, "h: expected a tensor on cpu"),
+    (lambda h: h.tolist(), TypeError, "h: expected a torch.Tensor, got list"),
+    (lambda h: h.requires_grad_(), ValueError, "h: expected no autograd"),
+])
+def test_bad_inputs_are_refused(blocks, bad, err, match):
+    h = torch.randn(4, 256).to(torch.bfloat16)
+    with pytest.raises(err, match=match):
+        fused_ffn_block(bad(h), blocks[SHAPES[0]])
+
+
+def test_bad_blocks_are_refused(blocks):
+    good = blocks[SHAPES[0]]
+    with pytest.raises(TypeError, match="block.mlp: expected an Fp8DenseMLP"):
+        FusedFp8DenseMLP(ResidualBlock(RMSNorm(256), nn.Linear(256, 256)))
+    with pytest.raises(TypeError, match="block: expected a ResidualBlock"):
+        FusedFp8DenseMLP(nn.Linear(2, 2))
+    with pytest.raises(ValueError, match=r"block.mlp.block_size: expected \(128, 128\)"):
+        FusedFp8DenseMLP(ResidualBlock(RMSNorm(256), Fp8DenseMLP(256, 640, block_size=(64, 128))))
+    wrong_gain = ResidualBlock(RMSNorm(384, dtype=torch.bfloat16), good.mlp)
+    with pytest.raises(ValueError, match=r"block.mlp.gate_proj.weight: expected \[640, 384\]"):
+        fused_ffn_block(torch.zeros(1, 384, dtype=torch.bfloat16), wrong_gain)
+
+
+def test_module_shares_the_block(blocks, tmp_path):
+    block = blocks[SHAPES[0]]
+    fused = FusedFp8DenseMLP(block)
+    assert list(fused.state_dict()) == list(block.state_dict())
+    pairs = zip(fused.state_dict().values(), block.state_dict().values())
+    assert all(a.data_ptr() == b.data_ptr() for a, b in pairs)
+    h = torch.randn(3, 256, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(fused(h), fused_ffn_block(h, block))
+
+
+def test_from_checkpoint(tmp_path):
+    from kimi_mlp.checkpoint import SMALL_CONFIG, load_dense_block, write_synthetic_checkpoint
+    ckpt = write_synthetic_checkpoint(tmp_path / "ckpt", config=SMALL_CONFIG, seed=3)
+    fused = FusedFp8DenseMLP.from_checkpoint(ckpt)
+    block = load_dense_block(ckpt)
+    assert fused.config == block.config
+    h = torch.randn(2, SMALL_CONFIG.hidden_size, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    with torch.no_grad():
+        ref8, _ = _references(block, h)
+        err = relative_error(fused(h) - h, ref8 - h)
+    assert err <= REL_BOUND
+
+
+def test_cost_model_by_hand():
+    d, f = 7168, 18432
+    for m in (1, 7, 4096):
+        costs = fused_launch_costs(m)
+        assert [c["launch"] for c in costs] == ["rmsnorm_quant", "fp8_gate_up_swiglu_quant", "fp8_down_residual"]
+        assert sum(c["flop"] for c in costs) == 2 * 396_361_728 * m
+        # every weight byte and block-scale byte is read exactly once
+        weights = costs[1]["read"] + costs[2]["read"] - (m * d + 4 * m * 56) - (m * f + 4 * m * 144 + 2 * m * d)
+        assert weights == 396_361_728 + 96_768
+        # the fused pipeline never moves more than the unfused one, and the FLOP are the same
+        unfused = unfused_launch_costs(m)
+        assert sum(c["flop"] for c in unfused) == sum(c["flop"] for c in costs)
+        moved = lambda cs: sum(c["read"] + c["written"] for c in cs)
+        # unfused extra: x read twice (M d + its scales), g and u written, SiLU and multiply in bf16,
+        # the product read by the quantizer (16 M F), y written and re-read with h by the add (+4 M d)
+        assert moved(unfused) - moved(costs) == 16 * m * f + 5 * m * d + 4 * m * 56
+    c = fused_launch_costs(1)[1]
+    assert launch_floor_s(c, 4.3e12, 1.576e15) == pytest.approx((c["read"] + c["written"]) / 4.3e12)
+    assert math.isclose(launch_floor_s({"read": 0, "written": 0, "flop": 10}, 1.0, 5.0), 2.0)
+
+
+def test_error_measures():
+    x = torch.randn(50, generator=torch.Generator().manual_seed(10))
+    assert relative_error(x, x) == 0.0 and deepgemm_measure(x, x) == pytest.approx(0.0, abs=1e-15)
+    assert deepgemm_measure(x, -x) == pytest.approx(2.0)
+    assert relative_error(2 * x, x) == pytest.approx(1.0)
+    assert math.isnan(relative_error(torch.full((3,), float("nan")), torch.ones(3)))
+
+
+def test_gpucheck_refuses_without_gpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert gpucheck_main([]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_gpucheck_cpu_smoke_writes_its_record(tmp_path, capsys):
+    assert gpucheck_main(["--cpu-smoke", "--m", "1,3", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "gpucheck.json").read_text())
+    assert record["kind"] == "cpu-smoke" and record["shapes"] == {"hidden_size": 320, "intermediate_size": 704}
+    assert [r["m"] for r in record["results"]] == [1, 3]
+    for r in record["results"]:
+        assert r["ok"] and r["norm_quant_bitexact"] and r["fused_ms"] is None    # no interpreter timings
+    assert "all checks passed" in (tmp_path / "gpucheck.log").read_text()
+    assert "OK" in capsys.readouterr().out
+
+
+def test_gpucheck_reports_a_crash_and_goes_on(tmp_path, monkeypatch, capsys):
+    import kimi_mlp.fused as fused_module
+    real = fused_module.check_block_once
+    calls = []
+
+    def flaky(block, h, w):
+        calls.append(h.shape[0])
+        if h.shape[0] == 1:
+            raise RuntimeError("simulated compile failure\nsecond line")
+        return real(block, h, w)
+
+    monkeypatch.setattr(fused_module, "check_block_once", flaky)
+    assert gpucheck_main(["--cpu-smoke", "--m", "1,2", "--out", str(tmp_path)]) == 1
+    record = json.loads((tmp_path / "gpucheck.json").read_text())
+    assert calls == [1, 2]
+    assert record["results"][0] == {"m": 1, "ok": False, "error": "RuntimeError: simulated compile failure"}
+    assert record["results"][1]["ok"]
+    assert "SOME CHECKS FAILED" in capsys.readouterr().out
