@@ -20,7 +20,7 @@ from .fp8 import quantize_activation
 from .fused import deepgemm_measure, dequantized_weights, environment, ffn_tensors, fused_ffn_block
 from .checkpoint import relative_error
 from .fused import fused_launch_costs, launch_floor_s, median_ms, random_dense_block
-from .fused import time_ms, torch_bf16_ffn
+from .fused import _parse_m, time_ms, torch_bf16_ffn  # _parse_m: chapter 8's --m parser
 
 # %% auto #0
 __all__ = ['HIDDEN', 'INTERMEDIATE', 'BENCH_M', 'PROVIDERS', 'SMOKE_SHAPES', 'SMOKE_M', 'BENCH_BOUNDS', 'BENCH_SCHEMA',
@@ -103,7 +103,8 @@ def _act_quant():
         fn = getattr(kernels, name, None)
         if callable(fn):
             return fn, f"kimi_mlp.kernels.{name} (Triton, one launch)"
-    return quantize_activation, "kimi_mlp.fp8.quantize_activation (torch, several launches: no Triton act_quant)"
+    return quantize_activation, ("kimi_mlp.fp8.quantize_activation "
+                                 "(torch, several launches: no Triton act_quant)")
 
 
 def unfused_w8a8_ffn(h: torch.Tensor, t: dict, act_quant=quantize_activation, gemm=None) -> torch.Tensor:
@@ -240,7 +241,8 @@ def measure_ceilings(rep_ms: int = 100) -> dict:
                     fn()
                     t, _ = median_ms(fn, rep_ms=rep_ms)
                 except Exception as e:
-                    details.append({"what": f"fp8 _scaled_mm {m}x{n}x{k} fast_accum={fast}", "error": _reason(e)})
+                    details.append({"what": f"fp8 _scaled_mm {m}x{n}x{k} fast_accum={fast}",
+                                    "error": _reason(e)})
                     continue
                 rates["fp8"].append(2 * m * n * k / (t * 1e-3))
                 details.append({"what": f"fp8 _scaled_mm {m}x{n}x{k} fast_accum={fast}", "ms": t,
@@ -320,7 +322,8 @@ def bench(ms=None, providers=tuple(PROVIDERS), *, cpu_smoke: bool = False, hidde
               "skipped": [],
               "not_run_m": []}
     env = record["environment"]
-    log(f"bench: {env.get('gpu', 'CPU, Triton interpreter')} | torch {env['torch']} | triton {env['triton']} | "
+    log(f"bench: {env.get('gpu', 'CPU, Triton interpreter')} | torch {env['torch']} | "
+        f"triton {env['triton']} | "
         f"hidden {d}, intermediate {f} | M {list(ms)}{'' if timed else ' | smoke test: nothing is timed'}")
     if timed:
         torch.backends.cuda.matmul.allow_tf32 = False                  # the float32 reference stays float32
@@ -330,7 +333,8 @@ def bench(ms=None, providers=tuple(PROVIDERS), *, cpu_smoke: bool = False, hidde
                 record["ceilings"] = c
                 fp8 = f"{c['fp8_flop_per_s'] / 1e12:.0f}" if c["fp8_flop_per_s"] else "n/a"
                 log(f"ceilings: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 "
-                    f"{c['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s, fp8 {fp8} TFLOP/s ({time.perf_counter() - t0:.0f} s)")
+                    f"{c['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s, fp8 {fp8} TFLOP/s "
+                    f"({time.perf_counter() - t0:.0f} s)")
             except Exception as e:                                     # keep the sweep; say what failed
                 record["ceilings_error"] = _reason(e)
                 log(f"ceilings: not measured: {record['ceilings_error']}")
@@ -375,7 +379,8 @@ def bench(ms=None, providers=tuple(PROVIDERS), *, cpu_smoke: bool = False, hidde
                     try:
                         row.update(time_ms(lambda: fn(h), m <= graph_max_m, warmup_ms, rep_ms))
                     except Exception as e:
-                        record["skipped"].append({"provider": name, "m": m, "reason": "timing: " + _reason(e)})
+                        record["skipped"].append({"provider": name, "m": m,
+                                                  "reason": "timing: " + _reason(e)})
                 record["results"].append(row)
                 cells.append("FAILED check" if not row["ok"] else
                              f"{row['median_ms'] * 1e3:.1f}" if row["median_ms"] else
@@ -409,7 +414,8 @@ def _slug(text: str) -> str:
 
 
 def write_record(record: dict, out_dir) -> Path:
-    "Write `record` as `bench_<gpu>_<UTC time>.json` (smoke: `bench-smoke_...`) in `out_dir`; returns the path."
+    """Write `record` as `bench_<gpu>_<UTC time>.json` (smoke: `bench-smoke_...`) in `out_dir`;
+    returns the path."""
     out_dir = Path(out_dir)
     if record["kind"] != "measurement" and out_dir.resolve().parts[-2:] == ("book", "data"):
         raise ValueError(f"out_dir: a {record['kind']} record is not a measurement and is never stored in "
@@ -422,17 +428,6 @@ def write_record(record: dict, out_dir) -> Path:
     return path
 
 # %% ../book/09_benchmarks.ipynb #6c1112d3
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        vals = tuple(int(s) for s in text.split(","))
-    except ValueError:
-        vals = ()
-    if not vals or min(vals) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive ints such as 1,16,4096, "
-                                         f"got {text!r}")
-    return vals
-
-
 def _name_list(text: str) -> tuple[str, ...]:
     names = tuple(s.strip() for s in text.split(",") if s.strip())
     bad = [n for n in names if n not in PROVIDERS]
@@ -445,18 +440,21 @@ def _name_list(text: str) -> tuple[str, ...]:
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     "The options of `python -m kimi_mlp bench`."
     p.add_argument("--out", type=Path, default=None,
-                   help="directory for the JSON and a log (default book/data on a GPU, a temporary directory for --cpu-smoke)")
-    p.add_argument("--m", type=_int_list, default=None, help="token counts (default 1,2,4,...,8192)")
+                   help="directory for the JSON and a log (default book/data on a GPU, "
+                        "a temporary directory for --cpu-smoke)")
+    p.add_argument("--m", type=_parse_m, default=None, help="token counts (default 1,2,4,...,8192)")
     p.add_argument("--providers", type=_name_list, default=tuple(PROVIDERS),
                    help=f"subset of {','.join(PROVIDERS)}")
     p.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time per measurement (ms)")
     p.add_argument("--warmup-ms", type=int, default=25)
     p.add_argument("--graph-max-m", type=int, default=256, help="largest M timed through a CUDA graph")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-ceilings", action="store_true", help="skip measuring copy bandwidth and matmul rates")
+    p.add_argument("--no-ceilings", action="store_true",
+                   help="skip measuring copy bandwidth and matmul rates")
     p.add_argument("--git-commit", default=None, help="record this commit (for a tree copied without .git)")
-    p.add_argument("--budget-s", type=float, default=420.0,
-                   help="start no new M after this many seconds (default 420); the record lists what was left out")
+    p.add_argument("--budget-s", type=float, default=300.0,
+                   help="start no new M after this many seconds (default 300); "
+                        "the record lists what was left out")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="tiny shapes through the Triton interpreter, no timings: tests the harness")
 
@@ -516,7 +514,8 @@ def validate_record(record: dict, where: str = "record") -> dict:
     for key, typ in (("kind", str), ("environment", dict), ("shapes", dict), ("settings", dict),
                      ("providers", dict), ("results", list), ("skipped", list)):
         if not isinstance(record.get(key), typ):
-            raise ValueError(f"{where}: {key}: expected a {typ.__name__}, got {type(record.get(key)).__name__}")
+            got = type(record.get(key)).__name__
+            raise ValueError(f"{where}: {key}: expected a {typ.__name__}, got {got}")
     c = record.get("ceilings")
     if c is not None:
         for key in ("copy_bytes_per_s", "bf16_flop_per_s"):
@@ -587,68 +586,72 @@ def _ceilings(record: dict, ceilings: dict | None) -> dict:
     return c
 
 
+def _axes(ax):
+    "The axes to draw on: those given, else a new figure of the chapter's size."
+    import matplotlib.pyplot as plt
+    return ax or plt.subplots(figsize=(7, 4.2))[1]
+
+
+def _line(ax, name: str, xs, ys, label: str):
+    "One provider's curve, in that provider's colour and marker."
+    color, marker = _STYLE.get(name, (None, "o"))
+    ax.plot(xs, ys, marker=marker, ms=4, color=color, label=label)
+
+
+def _finish(ax, **settings):
+    "Axis settings, a light grid on both scales, a small legend; returns the axes."
+    ax.set(**settings)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    return ax
+
+
 def plot_time(record: dict, ax=None, ceilings: dict | None = None):
     "Median time (µs) against M per provider, log-log, with the fp8 floor from the record's ceilings."
-    import matplotlib.pyplot as plt
-    ax = ax or plt.subplots(figsize=(7, 4.2))[1]
+    ax = _axes(ax)
     d, f = _shapes(record)
     for name, (ms, ts) in timings(record).items():
-        color, marker = _STYLE.get(name, (None, "o"))
-        ax.plot(ms, [t * 1e6 for t in ts], marker=marker, ms=4, color=color,
-                label=record["providers"][name]["label"])
+        _line(ax, name, ms, [t * 1e6 for t in ts], record["providers"][name]["label"])
     c = ceilings or record.get("ceilings") or {}
     if c.get("fp8_flop_per_s") and c.get("copy_bytes_per_s"):
         ms = sorted({r["m"] for r in record["results"]})
         ax.plot(ms, [roofline_floor_s(m, c, "fp8", d, f) * 1e6 for m in ms], "k:", label="floor (fp8)")
-    ax.set(xscale="log", yscale="log", xlabel="tokens M", ylabel="median time (µs)",
-           title=_title(record, "time"))
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    return ax
+    return _finish(ax, xscale="log", yscale="log", xlabel="tokens M", ylabel="median time (µs)",
+                   title=_title(record, "time"))
 
 
 def plot_bandwidth(record: dict, ax=None, max_m: int = 256, ceilings: dict | None = None):
     "Achieved bandwidth (fewest bytes / time) as a fraction of the measured copy bandwidth, M <= max_m."
-    import matplotlib.pyplot as plt
     bw = _ceilings(record, ceilings)["copy_bytes_per_s"]
-    ax = ax or plt.subplots(figsize=(7, 4.2))[1]
+    ax = _axes(ax)
     d, f = _shapes(record)
     for name, (ms, ts) in timings(record).items():
         pts = [(m, ffn_min_bytes(m, d, f, _weights(name)) / t / bw) for m, t in zip(ms, ts) if m <= max_m]
         if pts:
-            color, marker = _STYLE.get(name, (None, "o"))
-            ax.plot(*zip(*pts), marker=marker, ms=4, color=color, label=record["providers"][name]["label"])
+            _line(ax, name, *zip(*pts), record["providers"][name]["label"])
     ax.axhline(0.8, color="k", ls=":", label="decode target, 80%")
-    ax.set(xscale="log", xlabel="tokens M", ylabel="fraction of copy bandwidth", ylim=(0, 1.05),
-           title=_title(record, "achieved bandwidth"))
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    return ax
+    return _finish(ax, xscale="log", xlabel="tokens M", ylabel="fraction of copy bandwidth",
+                   ylim=(0, 1.05), title=_title(record, "achieved bandwidth"))
 
 
 def plot_tflops(record: dict, ax=None, ceilings: dict | None = None):
     "Achieved TFLOP/s (2 * 3 d F * M / time) against M, with the record's bf16 and fp8 matmul ceilings."
-    import matplotlib.pyplot as plt
-    ax = ax or plt.subplots(figsize=(7, 4.2))[1]
+    ax = _axes(ax)
     d, f = _shapes(record)
     for name, (ms, ts) in timings(record).items():
-        color, marker = _STYLE.get(name, (None, "o"))
-        ax.plot(ms, [ffn_flop(m, d, f) / t / 1e12 for m, t in zip(ms, ts)], marker=marker, ms=4, color=color,
-                label=record["providers"][name]["label"])
+        _line(ax, name, ms, [ffn_flop(m, d, f) / t / 1e12 for m, t in zip(ms, ts)],
+              record["providers"][name]["label"])
     c = ceilings or record.get("ceilings") or {}
     for key, ls in (("bf16_flop_per_s", "--"), ("fp8_flop_per_s", ":")):
         if c.get(key):
             ax.axhline(c[key] / 1e12, color="k", ls=ls, label=f"{key.split('_')[0]} matmul ceiling")
-    ax.set(xscale="log", xlabel="tokens M", ylabel="TFLOP/s", title=_title(record, "achieved rate"))
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    return ax
+    return _finish(ax, xscale="log", xlabel="tokens M", ylabel="TFLOP/s",
+                   title=_title(record, "achieved rate"))
 
 
 def plot_speedup(record: dict, ax=None, of: str = "fused"):
     "Speedup of provider `of` over each other provider (their time / its time) against M."
-    import matplotlib.pyplot as plt
-    ax = ax or plt.subplots(figsize=(7, 4.2))[1]
+    ax = _axes(ax)
     tm = timings(record)
     if of in tm:
         mine = dict(zip(*tm[of]))
@@ -657,13 +660,10 @@ def plot_speedup(record: dict, ax=None, of: str = "fused"):
                 continue
             pts = [(m, t / mine[m]) for m, t in zip(ms, ts) if m in mine]
             if pts:
-                color, marker = _STYLE.get(name, (None, "o"))
-                ax.plot(*zip(*pts), marker=marker, ms=4, color=color, label=f"over {name}")
+                _line(ax, name, *zip(*pts), f"over {name}")
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.set(xscale="log", xlabel="tokens M", ylabel=f"speedup of {of}", title=_title(record, "speedup"))
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    return ax
+    return _finish(ax, xscale="log", xlabel="tokens M", ylabel=f"speedup of {of}",
+                   title=_title(record, "speedup"))
 
 # %% ../book/09_benchmarks.ipynb #974a7d46
 def launch_breakdown(record: dict, ceilings: dict | None = None) -> list[dict]:
@@ -686,18 +686,14 @@ def launch_breakdown(record: dict, ceilings: dict | None = None) -> list[dict]:
 
 def plot_launches(record: dict, ax=None, ceilings: dict | None = None):
     "Time over floor of each fused launch against M (1 = at the roofline)."
-    import matplotlib.pyplot as plt
-    ax = ax or plt.subplots(figsize=(7, 4.2))[1]
+    ax = _axes(ax)
     rows = launch_breakdown(record, ceilings)
     for launch in dict.fromkeys(r["launch"] for r in rows):
         pts = [(r["m"], r["ratio"]) for r in rows if r["launch"] == launch]
         ax.plot(*zip(*pts), marker="o", ms=4, label=launch)
     ax.axhline(1.0, color="k", lw=0.8)
-    ax.set(xscale="log", yscale="log", xlabel="tokens M", ylabel="time / floor",
-           title=_title(record, "fused launches against their floors"))
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    return ax
+    return _finish(ax, xscale="log", yscale="log", xlabel="tokens M", ylabel="time / floor",
+                   title=_title(record, "fused launches against their floors"))
 
 # %% ../book/09_benchmarks.ipynb #96d70d46
 def check_targets(record: dict) -> list[dict]:
@@ -712,7 +708,8 @@ def check_targets(record: dict) -> list[dict]:
     worst = None
     if dec and c.get("copy_bytes_per_s"):
         worst = min(ffn_min_bytes(m, d, f) / t / c["copy_bytes_per_s"] for m, t in dec.items())
-    out.append({"target": "decode M <= 16 at >= 80% of copy bandwidth", "rule": "min over M of bytes/time/copy",
+    out.append({"target": "decode M <= 16 at >= 80% of copy bandwidth",
+                "rule": "min over M of bytes/time/copy",
                 "worst": worst, "met": None if worst is None else worst >= 0.8})
     big = [m for m in fused if m >= 4096 and m in tm.get("torch_bf16", {})]
     worst = min((tm["torch_bf16"][m] / fused[m] for m in big), default=None)

@@ -334,7 +334,13 @@ def torch_bf16_ffn(h: torch.Tensor, block: nn.Module, w: dict) -> torch.Tensor:
     return h + F.linear(F.silu(F.linear(x, w["gate_proj"])) * F.linear(x, w["up_proj"]), w["down_proj"])
 
 
-GPUCHECK_BOUNDS = {"fp8_gemm": 1e-2, "swiglu_act": 2.0 ** -4, "block_vs_w8a8": 1e-2, "deepgemm_vs_w8a16": 1e-3}
+# Bounds of the GPU check, derived, NOT YET MEASURED on a GPU (no device was lent when this was
+# written): norm_vs_rms_norm 2^-8, the bf16 unit roundoff, for rare one-ulp flips (2^-7 each) of
+# the normalised x; fp8_gemm and block_vs_w8a8 1e-2, fp32 sums in another order seen through bf16 rounding
+# (u = 2^-8) and the odd flipped e4m3 code; swiglu_act 2^-4, one e4m3 rounding of the intermediate
+# (u = 2^-4); DeepGEMM's 1e-3 on the block output; 2^-9 on the MLP part (three e4m3 roundings).
+GPUCHECK_BOUNDS = {"norm_vs_rms_norm": 2.0 ** -8, "fp8_gemm": 1e-2, "swiglu_act": 2.0 ** -4,
+                   "block_vs_w8a8": 1e-2, "deepgemm_vs_w8a16": 1e-3, "deepgemm_mlp_part": 2.0 ** -9}
 
 
 def check_block_once(block: nn.Module, h: torch.Tensor, w_bf16: dict | None = None) -> dict:
@@ -344,14 +350,23 @@ def check_block_once(block: nn.Module, h: torch.Tensor, w_bf16: dict | None = No
     norm, mlp = block.post_attention_layernorm, block.mlp
     r = {"m": h.shape[0]}
     with torch.no_grad():
-        x_fp8, x_scale = kernels.rmsnorm_quant(h, norm.weight, norm.eps)
-        ref_fp8, ref_scale = quantize_activation(rms_norm(h, norm.weight, norm.eps))
+        normed = torch.empty(h.shape, dtype=torch.promote_types(norm.weight.dtype, h.dtype),
+                             device=h.device)
+        x_fp8, x_scale = kernels.rmsnorm_quant(h, norm.weight, norm.eps, normed_out=normed)
+        # The kernel's quantizer, bit for bit, on its own normalised x, with the torch quantizer run
+        # on the CPU: torch's CUDA division by a Python scalar (amax / 448) multiplies by the
+        # reciprocal, which is not the IEEE quotient the kernel computes.
+        ref_fp8, ref_scale = (v.to(h.device) for v in quantize_activation(normed.cpu()))
         r["norm_quant_bitexact"] = bool(torch.equal(x_fp8.view(torch.uint8), ref_fp8.view(torch.uint8))
                                         and torch.equal(x_scale, ref_scale))
-        g = fp8_linear_w8a8(rms_norm(h, norm.weight, norm.eps), t["gate_proj.weight"],
-                            t["gate_proj.weight_scale_inv"], out_dtype=torch.float32)
-        u = fp8_linear_w8a8(rms_norm(h, norm.weight, norm.eps), t["up_proj.weight"],
-                            t["up_proj.weight_scale_inv"], out_dtype=torch.float32)
+        # That x against chapter 2's rms_norm: another fp32 summation order (and CUDA's rsqrt) can
+        # move rstd by an ulp or two and, rarely, a bf16 value by one ulp (2^-7 relative).
+        x_ref = rms_norm(h, norm.weight, norm.eps)
+        r["norm_vs_rms_norm"] = relative_error(normed, x_ref)
+        g = fp8_linear_w8a8(x_ref, t["gate_proj.weight"], t["gate_proj.weight_scale_inv"],
+                            out_dtype=torch.float32)
+        u = fp8_linear_w8a8(x_ref, t["up_proj.weight"], t["up_proj.weight_scale_inv"],
+                            out_dtype=torch.float32)
         with poisoned_allocations():
             g_k = kernels.fp8_gemm(ref_fp8, ref_scale, t["gate_proj.weight"], t["gate_proj.weight_scale_inv"],
                                    torch.bfloat16)
@@ -372,7 +387,7 @@ def check_block_once(block: nn.Module, h: torch.Tensor, w_bf16: dict | None = No
         r["block_vs_w8a8"] = relative_error(out - h, ref8 - h)
         r["deepgemm_vs_w8a16"] = deepgemm_measure(out, ref16)
         r["deepgemm_mlp_part"] = deepgemm_measure(out - h, ref16 - h)
-    r["ok"] = bool(r["norm_quant_bitexact"] and all(r[k] <= b if k != "deepgemm_vs_w8a16" else r[k] < b
+    r["ok"] = bool(r["norm_quant_bitexact"] and all(r[k] < b if k.startswith("deepgemm") else r[k] <= b
                                                     for k, b in GPUCHECK_BOUNDS.items()))
     r["out"] = out
     return r
@@ -433,7 +448,8 @@ def gpucheck_main(argv=None) -> int:
 
     t0 = time.perf_counter()
     env = environment(args.git_commit)
-    say(f"gpucheck: {env.get('gpu', 'CPU (Triton interpreter)')}, torch {env['torch']}, triton {env['triton']}"
+    say(f"gpucheck: {env.get('gpu', 'CPU (Triton interpreter)')}, torch {env['torch']}, "
+        f"triton {env['triton']}"
         f"{', smoke test: no timings' if args.cpu_smoke else ''}")
     torch.backends.cuda.matmul.allow_tf32 = False                      # float32 references stay float32
     block = random_dense_block(d, f, device=device, seed=args.seed)
@@ -446,7 +462,8 @@ def gpucheck_main(argv=None) -> int:
     def save():
         if args.out is not None:
             args.out.mkdir(parents=True, exist_ok=True)
-            record = {"schema": "kimi-mlp-gpucheck/1", "kind": "cpu-smoke" if args.cpu_smoke else "measurement",
+            record = {"schema": "kimi-mlp-gpucheck/1",
+                      "kind": "cpu-smoke" if args.cpu_smoke else "measurement",
                       "environment": env, "shapes": {"hidden_size": d, "intermediate_size": f},
                       "bounds": GPUCHECK_BOUNDS, "results": rows}
             (args.out / "gpucheck.json").write_text(json.dumps(record, indent=1))
@@ -480,7 +497,7 @@ def gpucheck_main(argv=None) -> int:
         say(f"{m:>5} {str(r['norm_quant_bitexact']):>9} {r['fp8_gemm']:8.1e} {r['swiglu_act']:8.1e} "
             f"{r['block_vs_w8a8']:8.1e} {r['deepgemm_vs_w8a16']:9.1e} {times}  {'OK' if r['ok'] else 'FAIL'}")
         save()
-    bounds = ", ".join(f"{k} {'<' if k.startswith('deepgemm') else '<='} {v:.1e}"
+    bounds = ", ".join(f"{k} {'<' if k.startswith('deepgemm') else '<='} {v:.3g}"
                        for k, v in GPUCHECK_BOUNDS.items())
     say(f"bounds: norm bits identical, {bounds}")
     ok = all(r["ok"] for r in rows)

@@ -20,10 +20,16 @@ from kimi_mlp.rmsnorm import RMSNorm
 
 SHAPES = [(256, 640), (320, 704)]     # (hidden, intermediate): multiples of 128, and not
 # Same math as the w8a8 reference; what differs is the order of float32 sums, seen through bf16
-# output rounding (relative 2^-9 of |h + y|) and the odd e4m3 code of the intermediate it flips.
+# output rounding (unit roundoff 2^-8 of |h + y|) and the odd e4m3 code of the intermediate it flips.
 REL_BOUND = 1e-2
-# Against w8a16 (no activation quantization): DeepGEMM's acceptance measure on the block output.
+# Against w8a16 (no activation quantization): DeepGEMM's acceptance measure on the block output
+# (issue 5's criterion; h is part of the output, so this is the measure a user sees).
 DEEPGEMM_BOUND = 1e-3
+# The same measure on the MLP part alone (out - h), where nothing dilutes the error. The measure is
+# about (relative rms error)^2 / 2, and the chain makes three independent e4m3 roundings (x seen by
+# gate_proj and by up_proj, then h), each adding at most (u / sqrt(3))^2 with u = 2^-4: u^2 / 2 =
+# 2^-9 = 1.95e-3 (measured 9e-4 to 1.2e-3 here). DeepGEMM's 1e-3 is for one GEMM, one quantization.
+MLP_DEEPGEMM_BOUND = 2.0 ** -9
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +65,12 @@ def test_fused_matches_references(blocks, shape, m):
     assert err <= REL_BOUND, f"relative error {err:.2e} > {REL_BOUND}"
     dg = deepgemm_measure(out, ref16)
     assert dg < DEEPGEMM_BOUND, f"DeepGEMM measure {dg:.2e} >= {DEEPGEMM_BOUND}"
+    dg_mlp = deepgemm_measure(out - h, ref16 - h)
+    assert dg_mlp < MLP_DEEPGEMM_BOUND, f"MLP part: DeepGEMM measure {dg_mlp:.2e}"
+    # and no worse than the torch w8a8 reference, up to a tenth of the measure (sum order)
+    assert dg_mlp <= deepgemm_measure(ref8 - h, ref16 - h) + 1e-4
+    if kernels.INTERPRETED:      # the interpreter sums in the reference's order: same bits
+        assert torch.equal(out, ref8)
 
 
 def test_poisoning_catches_an_unwritten_output(blocks, monkeypatch):

@@ -10,9 +10,11 @@ Tolerances:
 - bit for bit where the kernel and the reference do the same IEEE operations (dequantization,
   the e4m3 and bf16 roundings, the activation quantizer applied to the same input);
 - relative error ||out - ref|| / ||ref|| <= 1e-2 against the w8a8 reference: both sum the same
-  exact fp8 products in fp32, in different orders, and round to bf16 (relative 2^-9 per element);
-- DeepGEMM's 1 - 2 sum(xy) / sum(x^2 + y^2) < 1e-3 against the bf16 (w8a16) reference, which does
-  not quantize activations (e4m3 rounds by up to 2^-4 relative, ~2^-5 on average).
+  exact fp8 products in fp32, in different orders, and round to bf16 (unit roundoff 2^-8);
+- DeepGEMM's 1 - 2 sum(xy) / sum(x^2 + y^2) < 1e-3 against the bf16 (w8a16) reference for ONE
+  GEMM, which quantizes one activation: the measure is about (relative rms error)^2 / 2, and an
+  e4m3 rounding (unit roundoff u = 2^-4, rms at most u / sqrt(3)) gives at most u^2 / 6 = 6.5e-4.
+  The three-GEMM chain quantizes twice and has its own derived bound (CHAIN_DEEPGEMM_BOUND).
 """
 import math
 import os
@@ -34,6 +36,12 @@ DEV = torch.device("cpu" if K.INTERPRETED else "cuda")
 # Kernel h vs the reference h (same fp8 products, fp32 sums in another order). On a GPU the
 # tensor cores' fp8 accumulation and the hardware exp add more: a looser, unmeasured bound there.
 FP32_SUM_TOL = 1e-4 if K.INTERPRETED else 2e-3
+# DeepGEMM's measure ~ (relative rms error)^2 / 2. The MLP chain against w8a16 carries three
+# independent e4m3 roundings, each adding at most (u / sqrt(3))^2 = u^2 / 3 to the squared
+# relative error (u = 2^-4): x through gate_proj, x through up_proj (different weights, so
+# uncorrelated errors in g and u), and h before down_proj. Sum u^2, measure u^2 / 2 = 2^-9
+# (1.95e-3); measured 7e-4 to 1e-3. DeepGEMM's 1e-3 is for one GEMM and does not transfer.
+CHAIN_DEEPGEMM_BOUND = 2.0 ** -9
 
 
 # ----------------------------------------------------------------------------------- helpers
@@ -117,7 +125,7 @@ def rounding_probe_values():
 def test_e4m3_and_bf16_roundings_are_exact():
     x = rounding_probe_values()
     n = x.numel()
-    e4m3 = torch.empty(n, dtype=torch.uint8, device=DEV)
+    e4m3 = nan_like((n,), E4M3).view(torch.uint8)           # 0x7F: a code torch never gives here
     bf = nan_like((n,), torch.float32)
     _roundings_kernel[(triton.cdiv(n, 8192),)](x.to(DEV), e4m3, bf, n, BLOCK=8192)
     e4m3, bf = e4m3.cpu(), bf.cpu()
@@ -317,13 +325,14 @@ def test_three_kernels_make_the_ffn_half(m, d, f):
     mlp_w8a8 = fp8_linear_w8a8(h, dw, ds, out_dtype=torch.bfloat16)
     assert rel_err(out, hidden + mlp_w8a8) <= 1e-2
     assert rel_err(mlp, mlp_w8a8) <= 1e-2
-    # the bf16 reference with dequantized weights (w8a16). The MLP quantizes two activations
-    # (x and h), each worth ~5e-4 of DeepGEMM's measure, so the chain sits near 1e-3: the torch
-    # w8a8 reference itself does. Bound: 2e-3, and no worse than that reference (+1e-4).
+    # the bf16 reference with dequantized weights (w8a16): the chain's derived bound (see
+    # CHAIN_DEEPGEMM_BOUND), and no worse than the torch w8a8 reference, which makes the same
+    # three roundings, up to 1e-4 (a tenth of the measure: other fp32 sum orders can flip an
+    # e4m3 code of h or a bf16 rounding of the output).
     mlp_w8a16 = fp8_linear_w8a16(
         torch.nn.functional.silu(fp8_linear_w8a16(x, gw, gs)) * fp8_linear_w8a16(x, uw, us), dw, ds)
     diff = deepgemm_diff(mlp, mlp_w8a16)
-    assert diff < 2e-3 and diff <= deepgemm_diff(mlp_w8a8, mlp_w8a16) + 1e-4
+    assert diff < CHAIN_DEEPGEMM_BOUND and diff <= deepgemm_diff(mlp_w8a8, mlp_w8a16) + 1e-4
 
 
 # ----------------------------------------------------------------------------- validation
