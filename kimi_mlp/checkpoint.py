@@ -11,7 +11,6 @@ import json
 import math
 import os
 import shutil
-import struct
 import sys
 import tempfile
 import time
@@ -22,10 +21,10 @@ import torch
 from safetensors.torch import save_file
 
 from .block import ResidualBlock
-from kimi_mlp.config import (
+from .config import (
     INDEX_FILE, SINGLE_FILE, CheckpointError, KimiK2Config, count_parameters,
-    dense_mlp_parameters, dense_mlp_shapes, read_safetensors_header, resolve_tensor_files,
-    scale_shape)
+    dense_mlp_parameters, dense_mlp_shapes, read_safetensors_header, read_safetensors_layout,
+    resolve_tensor_files, scale_shape)
 from .fp8 import (
     FP8_MODES, Fp8DenseMLP, dequantize_weight_blockwise, quantize_weight_blockwise)
 from .rmsnorm import RMSNorm
@@ -269,12 +268,9 @@ def read_tensors(file, specs: dict) -> dict[str, torch.Tensor]:
     file = Path(file)
     first = next(iter(specs), "")
     try:
-        header = read_safetensors_header(file)
-        with open(file, "rb") as f:
-            (n_header,) = struct.unpack("<Q", f.read(8))
+        header, data_start = read_safetensors_layout(file)
     except ValueError as e:
         raise CheckpointError(f"{e} (while reading tensor {first!r})") from None
-    data_start = 8 + n_header
     data_size = file.stat().st_size - data_start
     plan = []
     for name, want in specs.items():

@@ -11,8 +11,8 @@ from pathlib import Path, PurePosixPath
 
 # %% auto #0
 __all__ = ['KNOWN_ACTIVATIONS', 'INDEX_FILE', 'SINGLE_FILE', 'KimiK2Config', 'scale_shape', 'dense_mlp_shapes',
-           'dense_mlp_parameters', 'gelu_mlp_parameters', 'dense_mlp_bytes', 'read_safetensors_header',
-           'CheckpointError', 'resolve_tensor_files', 'count_parameters']
+           'dense_mlp_parameters', 'gelu_mlp_parameters', 'dense_mlp_bytes', 'read_safetensors_layout',
+           'read_safetensors_header', 'CheckpointError', 'resolve_tensor_files', 'count_parameters']
 
 # %% ../book/01_config.ipynb #986372a5
 KNOWN_ACTIVATIONS = ("silu",)  # the gated MLP of this book; DeepSeek-V3/Kimi K2 use SiLU
@@ -179,8 +179,9 @@ def dense_mlp_bytes(config: KimiK2Config) -> dict[str, int]:
 _MAX_HEADER = 100 * 2**20  # real headers are a few MB at most
 
 
-def read_safetensors_header(path) -> dict:
-    "Parse the JSON header of a safetensors file, reading no tensor data."
+def read_safetensors_layout(path) -> tuple[dict, int]:
+    """Parse the JSON header of a safetensors file, reading no tensor data. Returns the header and
+    the byte offset where the data region starts (8 + the header's length)."""
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -199,7 +200,12 @@ def read_safetensors_header(path) -> dict:
         raise ValueError(f"{path}: corrupt safetensors header ({e})") from None
     if not isinstance(header, dict):
         raise ValueError(f"{path}: corrupt safetensors header (not a JSON object)")
-    return header
+    return header, 8 + n
+
+
+def read_safetensors_header(path) -> dict:
+    "Parse the JSON header of a safetensors file, reading no tensor data."
+    return read_safetensors_layout(path)[0]
 
 
 def _is_counted(name: str) -> bool:

@@ -8,7 +8,7 @@ from safetensors.torch import save_file
 
 from kimi_mlp.config import (CheckpointError, KimiK2Config, count_parameters, dense_mlp_bytes,
                              dense_mlp_parameters, dense_mlp_shapes, gelu_mlp_parameters,
-                             read_safetensors_header, scale_shape)
+                             read_safetensors_header, read_safetensors_layout, scale_shape)
 
 REAL = KimiK2Config()
 
@@ -146,6 +146,12 @@ def test_count_parameters_reads_headers_only(tmp_path, monkeypatch):
     header_only = tmp_path / "header_only.safetensors"
     header_only.write_bytes(path.read_bytes()[: 8 + n] + b"\0")  # data region cut off
     assert count_parameters(header_only) == count_parameters(path) == 3 * 256 * 384 + 256
+    header, data_start = read_safetensors_layout(header_only)
+    assert data_start == 8 + n and header == read_safetensors_header(path)
+    key = "model.layers.0.post_attention_layernorm.weight"
+    begin, end = header[key]["data_offsets"]
+    raw = path.read_bytes()[data_start + begin:data_start + end]  # the gain's bytes: bf16 ones
+    assert torch.frombuffer(bytearray(raw), dtype=torch.bfloat16).eq(1).all()
 
 
 def test_corrupt_headers(tmp_path):

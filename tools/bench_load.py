@@ -32,7 +32,6 @@ import json
 import os
 import platform
 import statistics
-import struct
 import subprocess
 import sys
 import tempfile
@@ -49,7 +48,7 @@ from safetensors import safe_open  # noqa: E402
 
 from kimi_mlp.checkpoint import (dense_block_tensors, load_dense_block,  # noqa: E402
                                  resolve_tensor_files, write_synthetic_checkpoint)
-from kimi_mlp.config import KimiK2Config, read_safetensors_header  # noqa: E402
+from kimi_mlp.config import KimiK2Config, read_safetensors_layout  # noqa: E402
 
 EMBED = ("model.embed_tokens.weight", (163840, 7168), torch.bfloat16)   # the real shape: 2.19 GiB
 
@@ -58,41 +57,35 @@ def byte_ranges(ckpt: Path):
     "(file, [(absolute offset, nbytes), ...]) for layer 0's seven tensors."
     specs = dense_block_tensors(KimiK2Config.from_json(ckpt / "config.json"), 0)
     (file, names), = resolve_tensor_files(ckpt, specs).items()
-    header = read_safetensors_header(file)
-    with open(file, "rb") as f:
-        start = 8 + struct.unpack("<Q", f.read(8))[0]
+    header, start = read_safetensors_layout(file)
     return file, [(start + header[n]["data_offsets"][0],
                    header[n]["data_offsets"][1] - header[n]["data_offsets"][0]) for n in names], names
 
 
-def raw(ckpt: Path):
-    "Plain reads of the same byte ranges into fresh buffers: the floor for any loader."
+def _read_ranges(ckpt: Path, new_buffer):
+    """Read each tensor's byte range with plain readinto calls into `new_buffer(n)`, a fresh
+    buffer of n bytes exposing the buffer protocol (numpy array) or a `.numpy()` view (tensor)."""
     file, ranges, _ = byte_ranges(ckpt)
     out = []
     with open(file, "rb", buffering=0) as f:
         for offset, n in ranges:
-            buf = np.empty(n, dtype=np.uint8)
+            buf = new_buffer(n)
             f.seek(offset)
-            view, got = memoryview(buf), 0
+            view, got = memoryview(buf.numpy() if isinstance(buf, torch.Tensor) else buf), 0
             while got < n:
                 got += f.readinto(view[got:])
             out.append(buf)
     return out
+
+
+def raw(ckpt: Path):
+    "Plain reads of the same byte ranges into fresh buffers: the floor for any loader."
+    return _read_ranges(ckpt, lambda n: np.empty(n, dtype=np.uint8))
 
 
 def raw_torch_empty(ckpt: Path):
     "The same plain reads into torch.empty buffers (4 KiB pages: no transparent-huge-page madvise)."
-    file, ranges, _ = byte_ranges(ckpt)
-    out = []
-    with open(file, "rb", buffering=0) as f:
-        for offset, n in ranges:
-            buf = torch.empty(n, dtype=torch.uint8)
-            f.seek(offset)
-            view, got = memoryview(buf.numpy()), 0
-            while got < n:
-                got += f.readinto(view[got:])
-            out.append(buf)
-    return out
+    return _read_ranges(ckpt, lambda n: torch.empty(n, dtype=torch.uint8))
 
 
 def safe_open_copy(ckpt: Path):
