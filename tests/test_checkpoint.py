@@ -25,7 +25,7 @@ RAGGED = KimiK2Config(hidden_size=200, intermediate_size=330, num_hidden_layers=
 
 
 def test_tensor_list_matches_the_real_checkpoint():
-    "The facts file: layer 0 of Kimi-K2-Instruct, names, dtypes and shapes."
+    "Layer 0 of Kimi-K2-Instruct as its safetensors index lists it: names, dtypes and shapes."
     specs = dense_block_tensors(KimiK2Config())
     assert specs == {
         GAIN: (torch.bfloat16, (7168,)),
