@@ -9,7 +9,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 600
 
-.PHONY: all venv test unit nbval book export execute bench clean
+.PHONY: all venv test unit nbval nbval-other-cpu book export execute bench clean
 
 all: test
 
@@ -29,6 +29,15 @@ unit: $(STAMP)
 
 nbval: $(STAMP)
 	$(PY) -m pytest -q -n auto --dist loadscope $(NBVAL) book
+
+## nbval once more on "another CPU": PyTorch's own kernels without AVX (its scalar paths),
+## oneDNN and MKL held to SSE4, OpenBLAS's and NumPy's SIMD paths held to SSE3/x86-64-v2, one
+## thread each. Stored outputs must not depend on the instruction set, the BLAS or the threads.
+OTHER_CPU := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2 \
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OPENBLAS_CORETYPE=Prescott \
+	NPY_DISABLE_CPU_FEATURES="X86_V3 X86_V4"
+nbval-other-cpu: $(STAMP)
+	$(OTHER_CPU) $(PY) -m pytest -q -n auto --dist loadscope $(NBVAL) book
 
 ## The book, from the outputs stored in the notebooks; warnings are errors.
 book: $(STAMP)

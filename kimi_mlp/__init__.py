@@ -9,7 +9,8 @@ from .rmsnorm import RMSNorm, rms_norm
 from .block import GeluMLP, ResidualBlock
 from .swiglu import DenseMLP, silu, swiglu
 from .fp8 import (ACT_AMAX_EPS, FP8_MAX, Fp8DenseMLP, Fp8Linear, dequantize_weight_blockwise,
-                  fp8_linear_w8a8, fp8_linear_w8a16, quantize_activation, quantize_weight_blockwise)
+                  fp8_linear_w8a8, fp8_linear_w8a16, fp8_matmul_blockwise, quantize_activation,
+                  quantize_weight_blockwise)
 
 from .checkpoint import CheckpointError, load_dense_block, write_synthetic_checkpoint
 

@@ -14,7 +14,8 @@ from .swiglu import silu
 
 # %% auto #0
 __all__ = ['FP8_MAX', 'ACT_AMAX_EPS', 'FP8_DTYPE', 'FP8_MODES', 'quantize_weight_blockwise', 'dequantize_weight_blockwise',
-           'quantize_activation', 'fp8_linear_w8a16', 'fp8_linear_w8a8', 'Fp8Linear', 'Fp8DenseMLP']
+           'quantize_activation', 'fp8_linear_w8a16', 'fp8_matmul_blockwise', 'fp8_linear_w8a8', 'Fp8Linear',
+           'Fp8DenseMLP']
 
 # %% ../book/05_fp8.ipynb #466b5529
 FP8_MAX = 448.0          # largest finite float8_e4m3fn: 1.110 x 2^8
@@ -171,38 +172,61 @@ def fp8_linear_w8a16(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: to
     return F.linear(x, w)
 
 # %% ../book/05_fp8.ipynb #21be74ed
-def fp8_linear_w8a8(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
-                    block_size=(128, 128), out_dtype=None) -> torch.Tensor:
-    """FP8 x FP8 linear with block scales, the numeric reference for the Triton GEMM.
+def fp8_matmul_blockwise(x_fp8: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
+                         weight_scale_inv: torch.Tensor, block_size=(128, 128),
+                         out_dtype=torch.float32) -> torch.Tensor:
+    """`x @ weight.T` from FP8 codes and block scales: the reference of the Triton GEMM.
 
-    x: [..., K] floating, quantized on the fly by `quantize_activation(x, 128)`;
-    weight: [N, K] e4m3; weight_scale_inv: [ceil(N/bn), ceil(K/128)] float32 (block_size[1]
-    must be 128, the activation group). For each 128-wide K block kb, in float32:
-    `acc += (x_fp8[:, kb] @ w_fp8[:, kb].T) * x_scale[:, kb, None]
-    * w_scale[n // bn, kb][None, :]`.
-    Returns acc as [..., N] in `out_dtype` (default x.dtype).
+    x_fp8: [M, K] e4m3 with x_scale [M, ceil(K/128)] float32 (1 x 128 groups, as
+    `quantize_activation` returns them); weight: [N, K] e4m3 with weight_scale_inv
+    [ceil(N/bn), ceil(K/128)] float32. For each 128-wide K block kb, in float32:
+    `acc += (x_fp8[:, kb] @ w_fp8[:, kb].T) * x_scale[:, kb, None] * w_scale[n // bn, kb]`,
+    where the 128-term dot is summed in float64 (exact, in any order) and rounded once to
+    float32, so the result does not depend on the BLAS. Returns [M, N] `out_dtype`.
     """
-    _check_floating("x", x)
     bn, bk = _check_quantized_weight(weight, weight_scale_inv, block_size)
     if bk != 128:
         raise ValueError(f"block_size: expected block_size[1] == 128 (the activation group "
                          f"size), got {tuple(block_size)}")
     n, k = weight.shape
+    if x_fp8.dtype != FP8_DTYPE or x_fp8.dim() != 2 or x_fp8.shape[1] != k:
+        raise ValueError(f"x_fp8: expected [M, {k}] {FP8_DTYPE}, got {list(x_fp8.shape)} "
+                         f"{x_fp8.dtype}")
+    kb_count = weight_scale_inv.shape[1]
+    if x_scale.dtype != torch.float32 or tuple(x_scale.shape) != (x_fp8.shape[0], kb_count):
+        raise ValueError(f"x_scale: expected [{x_fp8.shape[0]}, {kb_count}] torch.float32, "
+                         f"got {list(x_scale.shape)} {x_scale.dtype}")
+    acc = torch.zeros(x_fp8.shape[0], n, dtype=torch.float32, device=x_fp8.device)
+    for kb in range(kb_count):
+        cols = slice(kb * bk, (kb + 1) * bk)
+        w_scale = weight_scale_inv[:, kb].repeat_interleave(bn)[:n]             # [N]
+        # the step's 128-term dot: exact in float64 whatever the order, rounded once
+        dot = (x_fp8[:, cols].double() @ weight[:, cols].double().T).float()  # [M, N]
+        acc += dot * x_scale[:, kb, None] * w_scale[None, :]
+    return acc.to(out_dtype)
+
+
+def fp8_linear_w8a8(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+                    block_size=(128, 128), out_dtype=None) -> torch.Tensor:
+    """FP8 x FP8 linear with block scales: `quantize_activation(x, 128)`, then
+    `fp8_matmul_blockwise`.
+
+    x: [..., K] floating; weight: [N, K] e4m3; weight_scale_inv: [ceil(N/bn), ceil(K/128)]
+    float32 (block_size[1] must be 128, the activation group). Returns [..., N] in `out_dtype`
+    (default x.dtype).
+    """
+    _check_floating("x", x)
+    _check_quantized_weight(weight, weight_scale_inv, block_size)
+    k = weight.shape[1]
     if x.shape[-1] != k:
         raise ValueError(f"x: expected last dimension {k} (the weight's in_features), "
                          f"got shape {tuple(x.shape)}")
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
         raise ValueError(f"out_dtype: expected a floating torch dtype, got {out_dtype!r}")
-    lead = x.shape[:-1]
-    x_fp8, x_scale = quantize_activation(x.reshape(-1, k), group_size=bk)   # [M, K], [M, kb]
-    acc = torch.zeros(x_fp8.shape[0], n, dtype=torch.float32, device=x.device)
-    for kb in range(weight_scale_inv.shape[1]):
-        cols = slice(kb * bk, (kb + 1) * bk)
-        w_scale = weight_scale_inv[:, kb].repeat_interleave(bn)[:n]             # [N]
-        dot = x_fp8[:, cols].float() @ weight[:, cols].float().T         # [M, N] float32
-        acc += dot * x_scale[:, kb, None] * w_scale[None, :]
-    return acc.to(out_dtype).reshape(*lead, n)
+    x_fp8, x_scale = quantize_activation(x.reshape(-1, k))                 # [M, K], [M, kb]
+    y = fp8_matmul_blockwise(x_fp8, x_scale, weight, weight_scale_inv, block_size, out_dtype)
+    return y.reshape(*x.shape[:-1], weight.shape[0])
 
 # %% ../book/05_fp8.ipynb #b4d65c5b
 FP8_MODES = ("w8a16", "w8a8")

@@ -334,8 +334,8 @@ def torch_bf16_ffn(h: torch.Tensor, block: nn.Module, w: dict) -> torch.Tensor:
     return h + F.linear(F.silu(F.linear(x, w["gate_proj"])) * F.linear(x, w["up_proj"]), w["down_proj"])
 
 
-# Bounds of the GPU check, derived, NOT YET MEASURED on a GPU (no device was lent when this was
-# written): norm_vs_rms_norm 2^-8, the bf16 unit roundoff, for rare one-ulp flips (2^-7 each) of
+# Bounds of the GPU check, derived (no GPU measurement of them is stored yet):
+# norm_vs_rms_norm 2^-8, the bf16 unit roundoff, for rare one-ulp flips (2^-7 each) of
 # the normalised x; fp8_gemm and block_vs_w8a8 1e-2, fp32 sums in another order seen through bf16 rounding
 # (u = 2^-8) and the odd flipped e4m3 code; swiglu_act 2^-4, one e4m3 rounding of the intermediate
 # (u = 2^-4); DeepGEMM's 1e-3 on the block output; 2^-9 on the MLP part (three e4m3 roundings).

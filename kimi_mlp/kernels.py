@@ -302,6 +302,28 @@ QUANT_BLOCK = 128  # weight blocks are 128 x 128 and activation groups 1 x 128: 
 
 
 @triton.jit
+def _e4m3_to_f64(x):
+    "e4m3 tile -> float64, with the NaN codes 0x7F / 0xFF as NaN (the interpreter reads 480)."
+    bits = x.to(tl.uint8, bitcast=True)
+    v = x.to(tl.float32).to(tl.float64)   # exact; the interpreter cannot go straight to fp64
+    return tl.where((bits & 0x7F) == 0x7F, float("nan"), v)
+
+
+@triton.jit
+def _dot_step(a, w, EXACT_DOT: tl.constexpr):
+    """One 128-wide K step: [BM, 128] e4m3 @ [128, BN] e4m3 -> [BM, BN] fp32.
+
+    EXACT_DOT (the interpreter): the sum of 128 e4m3 products is exact in float64 in any
+    order; rounded once to float32 it is `fp8_linear_w8a8`'s step, bit for bit. Otherwise
+    `tl.dot` on the FP8 tensor cores."""
+    if EXACT_DOT:
+        d = tl.dot(_e4m3_to_f64(a), _e4m3_to_f64(w), out_dtype=tl.float64)
+        return d.to(tl.float32)
+    else:
+        return tl.dot(a, w)
+
+
+@triton.jit
 def _gemm_epilogue(acc, r_ptr, c_ptr, offs, mask,
                    HAS_RESIDUAL: tl.constexpr, ROUND_BF16: tl.constexpr):
     """Round the fp32 result to the output dtype, then (optionally) add the residual and round
@@ -320,7 +342,8 @@ def _gemm_epilogue(acc, r_ptr, c_ptr, offs, mask,
 def _fp8_gemm_kernel(a_ptr, a_s_ptr, w_ptr, w_s_ptr, c_ptr, r_ptr, M, N, K, stride_a,
                      steps_per_split,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     SPLIT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND_BF16: tl.constexpr):
+                     SPLIT: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND_BF16: tl.constexpr,
+                     EXACT_DOT: tl.constexpr):
     """C[M, N] = A @ W^T with DeepSeek's block scales, one [BLOCK_M, BLOCK_N] tile per program.
 
     a: [M, K] e4m3 (row stride stride_a), a_s: [M, ceil(K/128)] fp32; w: [N, K] e4m3,
@@ -352,7 +375,7 @@ def _fp8_gemm_kernel(a_ptr, a_s_ptr, w_ptr, w_s_ptr, c_ptr, r_ptr, M, N, K, stri
                     other=0.0)
         a_s = tl.load(a_s_ptr + rm * k_steps + step, mask=m_ok, other=0.0)
         w_s = tl.load(w_s_ptr + pid_n * k_steps + step)      # BLOCK_N = 128: one weight block
-        acc += tl.dot(a, w) * a_s[:, None] * w_s
+        acc += _dot_step(a, w, EXACT_DOT) * a_s[:, None] * w_s
     offs = rm[:, None] * N + rn[None, :]
     mask = m_ok[:, None] & n_ok[None, :]
     if SPLIT:
@@ -446,7 +469,8 @@ def _launch_gemm(a, a_s, w, w_s, out, residual, split_k):
     round_bf16 = out.dtype == torch.bfloat16
     r = residual if residual is not None else out     # a placeholder pointer when unused
     meta = dict(BLOCK_M=cfg["BLOCK_M"], BLOCK_N=QUANT_BLOCK, BLOCK_K=QUANT_BLOCK,
-                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+                EXACT_DOT=INTERPRETED, num_warps=cfg["num_warps"],
+                num_stages=cfg["num_stages"])
     if split_k == 1:
         _fp8_gemm_kernel[(tiles, 1)](a, a_s, w, w_s, out, r, m, n, k, a.stride(0), steps,
                                      SPLIT=False, HAS_RESIDUAL=residual is not None,
@@ -488,7 +512,8 @@ def fp8_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, w_fp8: torch.Tensor, w_
 def _gate_up_swiglu_quant_kernel(x_ptr, x_s_ptr, g_ptr, g_s_ptr, u_ptr, u_s_ptr, q_ptr, q_s_ptr,
                                  h_ptr, M, F, K, stride_x, fp8_max, amax_eps,
                                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                                 BLOCK_K: tl.constexpr, WRITE_H: tl.constexpr):
+                                 BLOCK_K: tl.constexpr, WRITE_H: tl.constexpr,
+                                 EXACT_DOT: tl.constexpr):
     """h = silu(x @ gate^T) * (x @ up^T), quantized 1 x 128 for the down projection, one
     [BLOCK_M, 128] tile per program: the tile holds whole quantization groups.
 
@@ -519,8 +544,8 @@ def _gate_up_swiglu_quant_kernel(x_ptr, x_s_ptr, g_ptr, g_s_ptr, u_ptr, u_s_ptr,
         x_s = tl.load(x_s_ptr + rm * k_steps + step, mask=m_ok, other=0.0)[:, None]
         g_s = tl.load(g_s_ptr + pid_n * k_steps + step)      # one weight block column per tile
         u_s = tl.load(u_s_ptr + pid_n * k_steps + step)
-        acc_g += tl.dot(x, wg) * x_s * g_s
-        acc_u += tl.dot(x, wu) * x_s * u_s
+        acc_g += _dot_step(x, wg, EXACT_DOT) * x_s * g_s
+        acc_u += _dot_step(x, wu, EXACT_DOT) * x_s * u_s
     h = acc_g / (1.0 + tl.exp(-acc_g)) * acc_u                # silu(g) * u, in fp32 registers
     mask = m_ok[:, None] & n_ok[None, :]
     h = tl.where(mask, h, 0.0)                       # a partial last group: amax of real columns
@@ -568,6 +593,7 @@ def fp8_gate_up_swiglu_quant(x_fp8: torch.Tensor, x_scale: torch.Tensor,
         x_fp8, x_scale, gate_w, gate_s, up_w, up_s, out.view(torch.uint8), scale_out,
         scale_out if h_out is None else h_out, m, f, k, x_fp8.stride(0), FP8_MAX, ACT_AMAX_EPS,
         BLOCK_M=cfg["BLOCK_M"], BLOCK_N=QUANT_BLOCK, BLOCK_K=QUANT_BLOCK, WRITE_H=h_out is not None,
+        EXACT_DOT=INTERPRETED,
         num_warps=8 if cfg["BLOCK_M"] >= 64 else cfg["num_warps"], num_stages=3)
     return out, scale_out
 

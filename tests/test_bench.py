@@ -133,7 +133,7 @@ def test_validate_record_names_the_field(edit, match):
         B.validate_record(r)
 
 
-def test_find_measurements_ignores_other_kinds(tmp_path):
+def test_find_measurements_ignores_other_record_types(tmp_path):
     for name, date in (("bench_a.json", "2026-01-02T00:00:00+00:00"), ("bench_b.json", "2025-01-01T00:00:00+00:00")):
         (tmp_path / name).write_text(json.dumps(fake_record(kind="measurement", date=date)))
     (tmp_path / "bench_c.json").write_text(json.dumps(fake_record(kind="cpu-smoke")))

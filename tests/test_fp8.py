@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from kimi_mlp.fp8 import (ACT_AMAX_EPS, FP8_MAX, Fp8DenseMLP, Fp8Linear, dequantize_weight_blockwise,
-                          fp8_linear_w8a8, fp8_linear_w8a16, quantize_activation,
-                          quantize_weight_blockwise)
+                          fp8_linear_w8a8, fp8_linear_w8a16, fp8_matmul_blockwise,
+                          quantize_activation, quantize_weight_blockwise)
 from kimi_mlp.swiglu import DenseMLP
 
 E4M3 = torch.float8_e4m3fn
@@ -290,15 +290,15 @@ def w8a8_oracle(x2, w_fp8, s, bn=128):
 @pytest.mark.parametrize("n, k, lead", [(640, 384, (5,)), (576, 320, (2, 3)), (256, 640, (1,)),
                                         (100, 200, (4,)), (384, 128, (2, 1, 3))])
 def test_w8a8_against_float64_oracle(n, k, lead, rng):
-    """The products of two e4m3 values are exact in float32 (4 + 4 significant bits), so the only
-    roundings are the 128-term float32 dot (<= 127u of the absolute sum, any order), two scale
-    multiplications (2u) and n_K accumulations (n_K u): |y - y64| <= (128 + 2 + n_K) u sum|terms|.
-    A bf16 output adds 2^-8 |y| (bf16 unit roundoff)."""
+    """Each 128-term dot of e4m3 products is exact in float64 (multiples of 2^-18 below 2^25), so
+    the reference's only roundings are that dot rounded once to float32 (u of the absolute sum),
+    two scale multiplications (2u) and n_K accumulations (n_K u):
+    |y - y64| <= (3 + n_K) u sum|terms|. A bf16 output adds 2^-8 |y| (bf16 unit roundoff)."""
     w = (student_t((n, k), rng) * k**-0.5).bfloat16()
     x = (student_t((*lead, k), rng, df=3.0)).bfloat16()
     w_fp8, s = quantize_weight_blockwise(w)
     y64, y_abs = w8a8_oracle(x.reshape(-1, k), w_fp8, s)
-    bound = (128 + 2 + s.shape[1]) * U * y_abs
+    bound = (3 + s.shape[1]) * U * y_abs
     y32 = fp8_linear_w8a8(x, w_fp8, s, out_dtype=torch.float32)
     assert y32.dtype == torch.float32 and y32.shape == (*lead, n)
     assert ((y32.reshape(-1, n).double() - y64).abs() <= bound).all()
@@ -306,6 +306,29 @@ def test_w8a8_against_float64_oracle(n, k, lead, rng):
     assert y16.dtype == torch.bfloat16
     assert torch.equal(y16, y32.bfloat16())
     assert ((y16.reshape(-1, n).double() - y64).abs() <= bound + U_BF16 * (y64.abs() + bound)).all()
+
+
+def test_w8a8_step_sums_do_not_depend_on_the_order(rng):
+    """The reference's result is fixed by the input bits: summing each 128-term step in another
+    order (reversed within each step, or one product at a time) gives the same float32 output,
+    bit for bit."""
+    n, k = 192, 384
+    w_fp8, s = quantize_weight_blockwise(student_t((n, k), rng) * k**-0.5)
+    xq, xs = quantize_activation(student_t((6, k), rng, df=3.0).bfloat16())
+    y = fp8_matmul_blockwise(xq, xs, w_fp8, s)
+    rev = torch.arange(k).view(-1, 128).flip(-1).reshape(-1)         # each step's terms reversed
+    assert torch.equal(y, fp8_matmul_blockwise(xq[:, rev], xs, w_fp8[:, rev], s))
+    acc = torch.zeros(6, n)
+    for j in range(s.shape[1]):
+        cols = slice(128 * j, 128 * (j + 1))
+        terms = xq[:, None, cols].double() * w_fp8[None, :, cols].double()   # exact products
+        dot = torch.zeros(6, n, dtype=torch.float64)
+        for t in range(128):                                        # one product at a time
+            dot += terms[..., t]
+        acc += dot.float() * xs[:, j, None] * s[:, j].repeat_interleave(128)[None, :n]
+    assert torch.equal(y, acc)
+    with pytest.raises(ValueError, match="x_scale: expected \\[6, 3\\]"):
+        fp8_matmul_blockwise(xq, xs[:, :2], w_fp8, s)
 
 
 def test_w8a8_uses_both_scales_per_k_block(rng):
