@@ -32,6 +32,16 @@ __all__ = ['GPUCHECK_BOUNDS', 'GPUCHECK_M', 'GPUCHECK_SMOKE_M', 'ffn_tensors', '
            'check_block_once', 'gpucheck_main']
 
 # %% ../book/08_fused_mlp.ipynb #0d2c1f39
+def _computes_rms_norm(norm: nn.Module, gain: torch.Tensor, eps: float) -> bool:
+    "Whether `norm` gives `rms_norm(x, gain, eps)` bit for bit on a seeded bf16 probe."
+    g = torch.Generator(device=gain.device).manual_seed(0)
+    x = torch.randn(4, gain.shape[0], generator=g, device=gain.device).to(torch.bfloat16)
+    with torch.no_grad():
+        y = norm(x)
+    return (isinstance(y, torch.Tensor) and y.shape == x.shape
+            and torch.equal(y, rms_norm(x, gain, eps)))
+
+
 def ffn_tensors(block: nn.Module) -> dict:
     """The tensors the fused FFN half reads from `block`, checked, not copied.
 
@@ -52,12 +62,17 @@ def ffn_tensors(block: nn.Module) -> dict:
                         f"got {type(mlp).__name__}")
     if tuple(mlp.block_size) != (128, 128):
         raise ValueError(f"block.mlp.block_size: expected (128, 128), got {tuple(mlp.block_size)}")
-    gain, eps = getattr(norm, "weight", None), getattr(norm, "eps", None)
+    gain = getattr(norm, "weight", None)
+    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))   # ours, transformers'
     if not isinstance(gain, torch.Tensor) or gain.dim() != 1:
         shape = list(gain.shape) if isinstance(gain, torch.Tensor) else type(gain).__name__
         raise ValueError(f"block.post_attention_layernorm.weight: expected a 1-d gain [d], got {shape}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
         raise ValueError(f"block.post_attention_layernorm.eps: expected a number >= 0, got {eps!r}")
+    if not isinstance(norm, RMSNorm) and not _computes_rms_norm(norm, gain, float(eps)):
+        raise TypeError("block.post_attention_layernorm: expected kimi_mlp's RMSNorm (or a module "
+                        "whose output is rms_norm's, bit for bit, which the kernels compute), got "
+                        f"{type(norm).__name__}, whose output differs")
     d = gain.shape[0]
     f = mlp.gate_proj.weight.shape[0]
     t = {"post_attention_layernorm.weight": gain, "eps": float(eps), "hidden_size": d,
@@ -108,6 +123,9 @@ def fused_ffn_block(h: torch.Tensor, block: nn.Module) -> torch.Tensor:
     rows = h.reshape(-1, d)
     if rows.shape[0] == 0:
         return h.clone()
+    f = t["intermediate_size"]                                         # all guards before launch 1
+    kernels._check_offsets("h", f"[{rows.shape[0]}, {d}] through the intermediate [M, {f}]",
+                           rows.shape[0] * max(d, f))
     rows = rows.contiguous()                                           # [M, d] bf16
     x_fp8, x_scale = kernels.rmsnorm_quant(rows, t["post_attention_layernorm.weight"], t["eps"])
     a_fp8, a_scale = kernels.fp8_gate_up_swiglu_quant(

@@ -30,18 +30,21 @@ def _round_to_bf16(x):
     """x: fp32 -> the nearest bfloat16 value (ties to even), still as fp32.
 
     An explicit rounding, so the interpreter (whose fp32 -> bf16 cast truncates) and the GPU
-    (round to nearest even) produce the same bits. Finite inputs only."""
+    (round to nearest even) produce the same bits. Infinities stay infinite, a finite value
+    above bf16's largest rounds to inf, and NaN stays NaN (the addition would carry a NaN's
+    low payload bits into the exponent or the sign)."""
     bits = x.to(tl.uint32, bitcast=True)
     bits = bits + 0x7FFF + ((bits >> 16) & 1)
     bits = (bits >> 16) << 16
-    return bits.to(tl.float32, bitcast=True)
+    return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
 
 # %% ../book/07_kernels.ipynb #32602d88
 @triton.jit
 def _e4m3_code(q):
-    """q: fp32 already clamped to [-448, 448] -> its float8_e4m3fn bit pattern (uint8), rounded to
-    nearest, ties to even; what torch's `.to(torch.float8_e4m3fn)` gives, computed with integer
-    ops because the interpreter's fp32 -> e4m3 cast drops the carry into the exponent."""
+    """q: fp32 already clamped to [-448, 448] (or NaN) -> its float8_e4m3fn bit pattern
+    (uint8), rounded to nearest, ties to even; what torch's `.to(torch.float8_e4m3fn)` gives,
+    computed with integer ops because the interpreter's fp32 -> e4m3 cast drops the carry into
+    the exponent. NaN becomes the NaN code 0x7F (0xFF with the sign bit), as in torch."""
     bits = q.to(tl.uint32, bitcast=True)
     sign = (bits >> 24) & 0x80
     mag = bits & 0x7FFFFFFF
@@ -52,6 +55,7 @@ def _e4m3_code(q):
     # fp32 adder round |q| to that grid (ties to even); the low mantissa bits are then the code.
     sub = (tl.abs(q) + 16384.0).to(tl.uint32, bitcast=True) - 0x46800000
     code = tl.where(mag < 0x3C800000, sub, normal)
+    code = tl.where(q != q, 0x7F, code)              # NaN -> 0x7F (0xFF with the sign), as torch
     return (code | sign).to(tl.uint8)
 
 # %% ../book/07_kernels.ipynb #f754cb22
@@ -106,6 +110,43 @@ def _check_out(name, out, dtype, shape, device):
 def _scale_shape(n, k, block=128):
     return (math.ceil(n / block), math.ceil(k / block))
 
+
+def _check_offsets(name, what, *extents):
+    """The kernels compute element offsets in 32-bit integers: refuse any tensor extent (largest
+    offset + 1, in elements) of 2^31 or more, before anything is launched."""
+    if max(extents) >= 2**31:
+        raise ValueError(f"{name}: {what} exceeds the kernels' 32-bit element offsets "
+                         f"({max(extents):,} >= 2^31 elements); split M into chunks")
+
+
+def _byte_range(t):
+    "The [first, last) byte addresses a tensor's elements span ((0, 0) when it is empty)."
+    if t.numel() == 0:
+        return 0, 0
+    span = sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1
+    return t.data_ptr(), t.data_ptr() + span * t.element_size()
+
+
+def _check_no_overlap(outs, ins, alias_ok=()):
+    """Refuse an output buffer whose memory overlaps an input's or another output's: programs
+    read and write in parallel, so a partial overlap corrupts rows without a word. `outs`, `ins`:
+    (name, tensor or None) pairs; `alias_ok`: (out name, input name) pairs that may be the very
+    same tensor (same address, dtype, shape and strides), such as an in-place residual add."""
+    outs = [(n, t) for n, t in outs if t is not None]
+    for i, (name, out) in enumerate(outs):
+        lo, hi = _byte_range(out)
+        for other, t in outs[:i] + [(n, t) for n, t in ins if t is not None]:
+            t_lo, t_hi = _byte_range(t)
+            if t.device != out.device or not (lo < t_hi and t_lo < hi):
+                continue
+            same = (out.data_ptr() == t.data_ptr() and out.dtype == t.dtype
+                    and out.shape == t.shape and out.stride() == t.stride())
+            if same and (name, other) in alias_ok:
+                continue
+            hint = f", or {name}={other} itself" if (name, other) in alias_ok else ""
+            raise ValueError(f"{name}: overlaps {other} in memory (bytes {lo:#x}..{hi:#x} "
+                             f"against {t_lo:#x}..{t_hi:#x}); pass a separate buffer{hint}")
+
 # %% ../book/07_kernels.ipynb #99a7dcae
 @triton.jit
 def _dequantize_kernel(w_ptr, s_ptr, out_ptr, N, K, s_cols,
@@ -148,6 +189,8 @@ def dequantize_blockwise_triton(w_fp8: torch.Tensor, weight_scale_inv: torch.Ten
         raise ValueError("dtype: expected torch.bfloat16, torch.float16 or torch.float32, "
                          f"got {dtype!r}")
     out = _check_out("out", out, dtype, (n, k), w_fp8.device)
+    _check_offsets("w_fp8", f"[{n}, {k}]", n * k)
+    _check_no_overlap([("out", out)], [("w_fp8", w_fp8), ("weight_scale_inv", weight_scale_inv)])
     if out is None:
         out = torch.empty(n, k, dtype=dtype, device=w_fp8.device)
     _dequantize_kernel[s_shape](w_fp8, weight_scale_inv, out, n, k, s_shape[1],
@@ -157,14 +200,21 @@ def dequantize_blockwise_triton(w_fp8: torch.Tensor, weight_scale_inv: torch.Ten
 
 # %% ../book/07_kernels.ipynb #2ebdaef4
 @triton.jit
+def _max_keep_nan(a, b):
+    return tl.maximum(a, b, propagate_nan=tl.PropagateNan.ALL)
+
+
+@triton.jit
 def _quantize_groups(y, fp8_max, amax_eps):
     """y: [R, GROUP] fp32, one activation group per row -> (codes [R, GROUP] uint8, scale [R]
     fp32) with scale = max(amax, amax_eps) / fp8_max and codes = e4m3(clamp(y / scale)), IEEE
-    divisions."""
-    amax = tl.max(tl.abs(y), axis=1)
-    scale = tl.math.div_rn(tl.maximum(amax, amax_eps), fp8_max)
+    divisions. A NaN anywhere in a group makes its amax, its scale and its codes NaN, and an
+    inf makes the scale inf, as in torch: max, maximum and the clamp keep NaN (by default they
+    would drop it)."""
+    amax = tl.reduce(tl.abs(y), 1, _max_keep_nan)
+    scale = tl.math.div_rn(_max_keep_nan(amax, amax_eps), fp8_max)
     q = tl.math.div_rn(y, scale[:, None])
-    q = tl.minimum(tl.maximum(q, -fp8_max), fp8_max)
+    q = tl.minimum(_max_keep_nan(q, -fp8_max), fp8_max, propagate_nan=tl.PropagateNan.ALL)
     return _e4m3_code(q), scale
 
 # %% ../book/07_kernels.ipynb #7357f8fc
@@ -211,6 +261,8 @@ def act_quant(x: torch.Tensor, group_size: int = 128, *, out: torch.Tensor | Non
     groups = math.ceil(k / group_size)
     out = _check_out("out", out, FP8_DTYPE, (m, k), x.device)
     scale_out = _check_out("scale_out", scale_out, torch.float32, (m, groups), x.device)
+    _check_offsets("x", f"[{m}, {k}]", m * max(x.stride(0), k))
+    _check_no_overlap([("out", out), ("scale_out", scale_out)], [("x", x)])
     if out is None:
         out = torch.empty(m, k, dtype=FP8_DTYPE, device=x.device)
     if scale_out is None:
@@ -282,6 +334,9 @@ def rmsnorm_quant(h: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, grou
     out = _check_out("out", out, FP8_DTYPE, (m, d), h.device)
     scale_out = _check_out("scale_out", scale_out, torch.float32, (m, groups), h.device)
     _check_out("normed_out", normed_out, normed_dtype, (m, d), h.device)
+    _check_offsets("h", f"[{m}, {d}]", m * max(h.stride(0), d))
+    _check_no_overlap([("out", out), ("scale_out", scale_out), ("normed_out", normed_out)],
+                      [("h", h), ("weight", weight)])
     if out is None:
         out = torch.empty(m, d, dtype=FP8_DTYPE, device=h.device)
     if scale_out is None:
@@ -445,9 +500,8 @@ def _check_fp8_operands(a_name, a, s_name, a_s, w_name, w, ws_name, w_s):
         raise ValueError(f"{w_name}: expected [N, {k}] (K of {a_name}), got shape {list(w.shape)}")
     _check_tensor(s_name, a_s, torch.float32, (m, math.ceil(k / QUANT_BLOCK)), a.device)
     _check_tensor(ws_name, w_s, torch.float32, _scale_shape(n, k), a.device)
-    if max(m * max(a.stride(0), k), m * n, n * k) >= 2**31:
-        raise ValueError(f"{a_name}: [{m}, {k}] against [{n}, {k}] exceeds the kernels' 32-bit "
-                         "element offsets; split M into chunks")
+    _check_offsets(a_name, f"[{m}, {k}] against [{n}, {k}]",
+                   m * max(a.stride(0), k), m * n, n * k)
     return m, n, k
 
 
@@ -465,6 +519,7 @@ def _launch_gemm(a, a_s, w, w_s, out, residual, split_k):
     k_steps = math.ceil(k / QUANT_BLOCK)
     steps = math.ceil(k_steps / min(split_k, k_steps))
     split_k = math.ceil(k_steps / steps)              # no empty slices
+    _check_offsets("split_k", f"a [{split_k}, {m}, {n}] workspace", split_k * m * n)
     tiles = math.ceil(m / cfg["BLOCK_M"]) * math.ceil(n / QUANT_BLOCK)
     round_bf16 = out.dtype == torch.bfloat16
     r = residual if residual is not None else out     # a placeholder pointer when unused
@@ -503,6 +558,8 @@ def fp8_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, w_fp8: torch.Tensor, w_
     if out_dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"out_dtype: expected torch.bfloat16 or torch.float32, got {out_dtype!r}")
     out = _check_out("out", out, out_dtype, (m, n), a_fp8.device)
+    _check_no_overlap([("out", out)], [("a_fp8", a_fp8), ("a_scale", a_scale),
+                                       ("w_fp8", w_fp8), ("w_scale", w_scale)])
     if out is None:
         out = torch.empty(m, n, dtype=out_dtype, device=a_fp8.device)
     return _launch_gemm(a_fp8, a_scale, w_fp8, w_scale, out, None, split_k)
@@ -581,6 +638,9 @@ def fp8_gate_up_swiglu_quant(x_fp8: torch.Tensor, x_scale: torch.Tensor,
     out = _check_out("out", out, FP8_DTYPE, (m, f), x_fp8.device)
     scale_out = _check_out("scale_out", scale_out, torch.float32, (m, groups), x_fp8.device)
     _check_out("h_out", h_out, torch.float32, (m, f), x_fp8.device)
+    _check_no_overlap([("out", out), ("scale_out", scale_out), ("h_out", h_out)],
+                      [("x_fp8", x_fp8), ("x_scale", x_scale), ("gate_w", gate_w),
+                       ("gate_s", gate_s), ("up_w", up_w), ("up_s", up_s)])
     if out is None:
         out = torch.empty(m, f, dtype=FP8_DTYPE, device=x_fp8.device)
     if scale_out is None:
@@ -607,13 +667,16 @@ def fp8_down_residual(h_fp8: torch.Tensor, h_scale: torch.Tensor, down_w: torch.
     down_w: [d, F] e4m3 with down_s [ceil(d/128), ceil(F/128)] fp32; residual: [M, d] bf16 (or
     fp32). Returns [M, d] in residual's dtype, rounded as the unfused code rounds: the GEMM's fp32
     sum to bf16, then `residual + that` to bf16. `out` may be `residual` itself (in place) or a
-    preallocated buffer; `split_k` as in `fp8_gemm`.
+    preallocated buffer that overlaps no input; `split_k` as in `fp8_gemm`.
     """
     m, d, f = _check_fp8_operands("h_fp8", h_fp8, "h_scale", h_scale,
                                   "down_w", down_w, "down_s", down_s)
     _check_rank("residual", residual, 2, "[M, d]")
     _check_tensor("residual", residual, (torch.bfloat16, torch.float32), (m, d), h_fp8.device)
     out = _check_out("out", out, residual.dtype, (m, d), h_fp8.device)
+    _check_no_overlap([("out", out)], [("residual", residual), ("h_fp8", h_fp8),
+                                       ("h_scale", h_scale), ("down_w", down_w),
+                                       ("down_s", down_s)], alias_ok={("out", "residual")})
     if out is None:
         out = torch.empty_like(residual)
     return _launch_gemm(h_fp8, h_scale, down_w, down_s, out, residual, split_k)

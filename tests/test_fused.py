@@ -279,3 +279,66 @@ def test_gpucheck_reports_a_crash_and_goes_on(tmp_path, monkeypatch, capsys):
     assert record["results"][0] == {"m": 1, "ok": False, "error": "RuntimeError: simulated compile failure"}
     assert record["results"][1]["ok"]
     assert "SOME CHECKS FAILED" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------- bad input and non-finite values
+@pytest.mark.parametrize("case", ["nan in h", "inf in h", "nan gate code", "nan down scale",
+                                  "inf gain"])
+def test_nonfinite_values_give_nonfinite_rows_like_the_reference(blocks, case):
+    """A NaN or inf in h, in a weight code, in a scale or in the gain gives non-finite outputs in
+    the same places as the torch w8a8 reference (rows for h; everything for a weight)."""
+    block = random_dense_block(256, 640, seed=3)
+    mlp = block.mlp
+    h = torch.randn(5, 256, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    if case == "nan in h":
+        h[2, 100] = float("nan")
+    elif case == "inf in h":
+        h[4, 0] = float("inf")
+    elif case == "nan gate code":
+        mlp.gate_proj.weight.view(torch.uint8)[500, 3] = 0x7F
+    elif case == "nan down scale":
+        mlp.down_proj.weight_scale_inv[1, 2] = float("nan")
+    else:
+        block.post_attention_layernorm.weight.data[9] = float("inf")
+    with torch.no_grad():
+        out = fused_ffn_block(h, block)
+        mlp.mode = "w8a8"
+        ref = block(h)
+    bad, bad_ref = ~torch.isfinite(out), ~torch.isfinite(ref)
+    assert bad_ref.any() and torch.equal(bad, bad_ref)
+    if case.endswith("in h"):
+        rows = bad.any(-1)
+        assert rows.sum() == 1 and bad[rows].all()          # that token's row, all of it
+
+
+def test_ffn_tensors_requires_rms_norm_semantics():
+    block = random_dense_block(256, 640, seed=4)
+    ln = nn.LayerNorm(256, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="block.post_attention_layernorm: expected kimi_mlp's "
+                                        "RMSNorm.*got LayerNorm"):
+        fused_ffn_block(torch.zeros(2, 256, dtype=torch.bfloat16), ResidualBlock(ln, block.mlp))
+
+
+def test_offset_guard_fires_before_the_first_launch(monkeypatch):
+    """M x intermediate >= 2^31 overflows the kernels' 32-bit offsets: refused before
+    rmsnorm_quant launches, not by the second kernel after the first has run."""
+    block = random_dense_block(128, 16384, seed=5)
+    h = torch.zeros(2**31 // 16384, 128, dtype=torch.bfloat16)
+    launched = []
+    monkeypatch.setattr(kernels, "rmsnorm_quant", lambda *a, **k: launched.append(1))
+    with pytest.raises(ValueError, match="32-bit element offsets"):
+        fused_ffn_block(h, block)
+    assert not launched
+
+
+def test_ffn_tensors_accepts_a_norm_with_the_same_semantics():
+    "transformers' DeepseekV3RMSNorm computes rms_norm bit for bit, so the fused block takes it."
+    mod = pytest.importorskip("transformers.models.deepseek_v3.modeling_deepseek_v3")
+    block = random_dense_block(256, 640, seed=4)
+    hf = mod.DeepseekV3RMSNorm(256, eps=1e-6).to(torch.bfloat16)
+    with torch.no_grad():
+        hf.weight.copy_(block.post_attention_layernorm.weight)
+    h = torch.randn(3, 256, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16)
+    with torch.no_grad():
+        assert torch.equal(fused_ffn_block(h, ResidualBlock(hf, block.mlp)),
+                           fused_ffn_block(h, block))

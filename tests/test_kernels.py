@@ -430,3 +430,145 @@ def test_compiled_kernels_reject_cpu_tensors():
     x_fp8, x_s, w, s = (t.cpu() for t in _operands())
     with pytest.raises(ValueError, match=r"a_fp8: expected a CUDA tensor"):
         K.fp8_gemm(x_fp8, x_s, w, s)
+
+
+# ------------------------------------------------- non-finite values propagate (issue: no silent
+# wrong answers). A NaN or inf anywhere must give NaN (or inf) in the same places as the torch
+# references: the quantizers' amax and clamp propagate NaN, the e4m3 NaN codes decode as NaN.
+def nonfinite(t):
+    "Elements that are NaN or inf, as a bool tensor on the CPU (e4m3: the NaN codes)."
+    t = t.cpu()
+    return ~torch.isfinite(t.float())
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("where", [(0, 0), (2, 130), (4, 255)])
+def test_act_quant_propagates_nonfinite(value, where):
+    x = randn(gen("nanq", where), 5, 256, dtype=torch.bfloat16)
+    x[where] = value
+    q, s = K.act_quant(*dev(x))
+    q_ref, s_ref = quantize_activation(x)
+    assert torch.equal(nonfinite(q), nonfinite(q_ref)) and nonfinite(q).any()
+    assert torch.equal(nonfinite(s), nonfinite(s_ref))
+    finite = ~nonfinite(q_ref)               # the finite codes are still the reference's bytes
+    assert torch.equal(bits(q)[finite], bits(q_ref)[finite])
+    if value != value:                       # a NaN input: NaN code 0x7F, as torch's cast gives
+        assert bits(q)[where] == 0x7F
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_rmsnorm_quant_propagates_nonfinite(value):
+    g = gen("nanrms", value)
+    h = randn(g, 4, 320, dtype=torch.bfloat16)
+    h[1, 200] = value
+    gain = (torch.rand(320, generator=g) + 0.5).to(torch.bfloat16)
+    q, s = K.rmsnorm_quant(*dev(h, gain), 1e-6)
+    q_ref, s_ref = quantize_activation(rms_norm(h, gain, 1e-6))
+    assert torch.equal(nonfinite(q), nonfinite(q_ref)) and nonfinite(q[1]).any()
+    assert torch.equal(nonfinite(s), nonfinite(s_ref))
+    assert not nonfinite(q[[0, 2, 3]]).any()                 # other tokens are untouched
+
+
+def test_gemm_reads_nan_codes_as_nan():
+    g = gen("nancode")
+    x = randn(g, 3, 256, dtype=torch.bfloat16)
+    w_fp8, w_s = weight(g, 256, 256)
+    w_fp8.view(torch.uint8)[7, 3] = 0x7F                     # NaN code in output column 7
+    w_fp8.view(torch.uint8)[200, 131] = 0xFF                 # and -NaN in column 200
+    a_fp8, a_s = quantize_activation(x)
+    got = K.fp8_gemm(*dev(a_fp8, a_s, w_fp8, w_s), torch.float32, split_k=1).cpu()
+    ref = fp8_linear_w8a8(x, w_fp8, w_s, out_dtype=torch.float32)
+    assert torch.equal(nonfinite(got), nonfinite(ref))
+    assert nonfinite(got)[:, [7, 200]].all() and nonfinite(got).sum() == 6
+
+
+@pytest.mark.parametrize("case", ["h", "gate code", "up scale", "down code"])
+def test_gate_up_and_down_propagate_nonfinite(case):
+    g = gen("nanchain", case)
+    m, d, f = 3, 256, 384
+    x = randn(g, m, d, dtype=torch.bfloat16)
+    (gw, gs), (uw, us), (dw, ds) = weight(g, f, d), weight(g, f, d), weight(g, d, f)
+    if case == "h":
+        x[1, 5] = float("nan")
+    elif case == "gate code":
+        gw.view(torch.uint8)[300, 17] = 0x7F
+    elif case == "up scale":
+        us[1, 0] = float("inf")
+    else:
+        dw.view(torch.uint8)[100, 50] = 0x7F
+    x_fp8, x_s = quantize_activation(x)
+    h_fp8, h_s = K.fp8_gate_up_swiglu_quant(*dev(x_fp8, x_s, gw, gs, uw, us))
+    residual = randn(g, m, d, dtype=torch.bfloat16)
+    out = K.fp8_down_residual(h_fp8, h_s, *dev(dw, ds, residual)).cpu()
+    h_ref = torch.nn.functional.silu(fp8_linear_w8a8(x, gw, gs, out_dtype=torch.float32)) \
+        * fp8_linear_w8a8(x, uw, us, out_dtype=torch.float32)
+    ref = residual + fp8_linear_w8a8(h_ref, dw, ds, out_dtype=torch.bfloat16)
+    assert nonfinite(ref).any()
+    assert torch.equal(nonfinite(out), nonfinite(ref))
+
+
+def test_round_to_bf16_keeps_nan_and_inf():
+    @triton.jit
+    def _round_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        mask = offs < n
+        y = K._round_to_bf16(tl.load(x_ptr + offs, mask=mask, other=0.0))
+        tl.store(y_ptr + offs, y, mask=mask)
+
+    bits32 = torch.tensor([0x7FC00000, 0x7F800001, 0x7FFFFFFF, 0xFFFFFFFF, 0x7F800000,
+                           0xFF800000, 0x7F7FFFFF], dtype=torch.int64).to(torch.int32)
+    x = bits32.view(torch.float32)
+    y = torch.empty_like(x)
+    _round_kernel[(1,)](*dev(x, y), x.numel(), BLOCK=8)
+    y = y.cpu()
+    assert torch.isnan(y[:4]).all()                          # every NaN stays NaN
+    assert torch.equal(y[4:6], x[4:6])                       # +-inf stay inf
+    assert torch.equal(y[6:], x[6:].to(torch.bfloat16).float())   # largest finite: rounds to inf
+
+
+# ----------------------------------------------------- outputs that overlap inputs are refused
+def test_down_residual_refuses_partial_overlap_and_keeps_the_exact_alias():
+    g = gen("overlap")
+    h_fp8, h_s, dw, ds = dev(*quantize_activation(randn(g, 66, 320)), *weight(g, 256, 320))
+    buf = randn(g, 67, 256, dtype=torch.bfloat16).to(DEV)
+    before = buf.clone()
+    with pytest.raises(ValueError, match="out: overlaps residual"):
+        K.fp8_down_residual(h_fp8[:66], h_s[:66], dw, ds, buf[:66], out=buf[1:])
+    assert torch.equal(buf, before)                          # refused before any write
+    expected = K.fp8_down_residual(h_fp8, h_s, dw, ds, buf[:66].clone())
+    got = K.fp8_down_residual(h_fp8, h_s, dw, ds, buf[:66], out=buf[:66])   # in place: allowed
+    assert torch.equal(got, expected)
+
+
+def test_outputs_may_not_overlap_inputs_or_each_other():
+    g = gen("overlap2")
+    x = randn(g, 4, 256).to(DEV)
+    raw = torch.zeros(1024 + 32, dtype=torch.uint8, device=DEV)
+    q_buf = raw[:1024].view(4, 256).view(E4M3)
+    s_bad = raw[1000:1032].view(torch.float32).view(4, 2)       # shares q_buf's last 24 bytes
+    with pytest.raises(ValueError, match="scale_out: overlaps out"):
+        K.act_quant(x, out=q_buf, scale_out=s_bad)
+    a_fp8, a_s = quantize_activation(randn(g, 4, 256))
+    w_fp8, w_s = dev(*weight(g, 256, 256))
+    raw = torch.zeros(4096, dtype=torch.uint8, device=DEV)
+    a_in = raw[:1024].view(4, 256).view(E4M3)
+    a_in.copy_(a_fp8.to(DEV))
+    with pytest.raises(ValueError, match="out: overlaps a_fp8"):
+        K.fp8_gemm(a_in, a_s.to(DEV), w_fp8, w_s, torch.float32,
+                   out=raw.view(torch.float32).view(4, 256))
+    x_fp8, x_s = dev(*quantize_activation(randn(g, 2, 256)))
+    raw = torch.empty(2 * 256 + 2, device=DEV)
+    h_out, s_bad = raw[:512].view(2, 256), raw[510:].view(2, 2)   # share two floats
+    with pytest.raises(ValueError, match="h_out: overlaps scale_out"):
+        K.fp8_gate_up_swiglu_quant(x_fp8, x_s, w_fp8, w_s, w_fp8, w_s,
+                                   scale_out=s_bad, h_out=h_out)
+
+
+# ----------------------------------------------------- 32-bit offsets: every wrapper, up front
+@pytest.mark.skipif(not K.INTERPRETED, reason="meta tensors stand in for 4 GiB inputs on the CPU")
+def test_offset_guards_cover_every_wrapper():
+    big = torch.empty(2**31 // 256 + 1, 256, dtype=torch.bfloat16, device="meta")
+    with pytest.raises(ValueError, match="32-bit element offsets"):
+        K.act_quant(big)
+    with pytest.raises(ValueError, match="32-bit element offsets"):
+        K.rmsnorm_quant(big, torch.ones(256, dtype=torch.bfloat16, device="meta"))
