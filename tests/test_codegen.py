@@ -1,17 +1,14 @@
 """Appendix D: the kernels compile for Hopper (sm_90a) without a GPU; what must not
 regress.
 
-The compile runs once per test session (`python -m kimi_mlp inspect --json`, in a
-process of its own with TRITON_INTERPRET=0); a file lock shares its report between
-pytest-xdist workers.
+The compile runs once per test session: one test runs `python -m kimi_mlp inspect
+--json` (a process of its own with TRITON_INTERPRET=0) and checks its report.
 """
 import json
-import os
 import subprocess
 import sys
 
 import pytest
-from filelock import FileLock
 
 from kimi_mlp import codegen
 from kimi_mlp.codegen import (INSPECT_M, SHARED_MEM_LIMIT, format_table,
@@ -134,25 +131,8 @@ def test_compile_launches_refuses_the_interpreter():
         codegen.compile_launches((1,))
 
 
-@pytest.fixture(scope="module")
-def inspected(tmp_path_factory):
-    """(report, stdout) of `python -m kimi_mlp inspect --json FILE` at the default M
-    values, run once for all workers of the session."""
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):       # a worker: its parent is the session's
-        shared = shared.parent
-    path, out = shared / "codegen_report.json", shared / "codegen_stdout.txt"
-    with FileLock(str(path) + ".lock"):
-        if not path.exists():
-            cmd = [sys.executable, "-m", "kimi_mlp", "inspect", "--json", str(path)]
-            res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-            assert res.returncode == 0, res.stderr[-4000:]
-            out.write_text(res.stdout)
-    return json.loads(path.read_text()), out.read_text()
-
-
-def test_every_launch_compiles_for_sm90a(inspected, record_property):
-    report, _ = inspected
+def _check_launches(report, record_property):
+    "Each M launched rmsnorm_quant, gate/up, down (and maybe split-K's reduction)."
     assert report["target"] == "sm_90a" and report["ms"] == list(INSPECT_M)
     by_m = {m: {} for m in INSPECT_M}
     for v in report["variants"]:
@@ -166,24 +146,21 @@ def test_every_launch_compiles_for_sm90a(inspected, record_property):
             record_property(f"{v['kernel']}@M={launch['m']}", summary)
     for m, at in by_m.items():
         launched = [at[i] for i in sorted(at)]
-        # rmsnorm_quant, gate/up, down; plus the split-K reduction when down is split
         assert launched[:3] == ["_rmsnorm_quant_kernel", *GEMMS], (m, launched)
         assert launched[3:] in ([], ["_split_k_reduce_kernel"]), (m, launched)
 
 
-def test_shared_memory_fits_a_block(inspected):
-    report, _ = inspected
+def _check_shared_memory(report):
+    "Every variant fits the 227 KB a block may use; a GEMM's is its pipeline buffers."
     for v in report["variants"]:
         assert v["shared"] <= SHARED_MEM_LIMIT, (v["kernel"], v["constexprs"])
-        # the pipeline's buffers are the GEMMs' shared memory, byte for byte
         if v["kernel"] in GEMMS:
             buffers = sum(b["bytes"] for b in v["smem_buffers"])
             assert buffers == v["shared"], v["kernel"]
 
 
-def test_wgmma_where_it_is_used_today(inspected):
+def _check_wgmma_where_used_today(report):
     "Both GEMMs use Hopper's fp8 wgmma at M >= 64 (64-row programs): must not regress."
-    report, _ = inspected
     checked = set()
     for v in report["variants"]:
         if v["kernel"] in GEMMS and min(x["m"] for x in v["launches"]) >= 64:
@@ -194,8 +171,17 @@ def test_wgmma_where_it_is_used_today(inspected):
     assert checked == {(k, m) for k in GEMMS for m in INSPECT_M if m >= 64}
 
 
-def test_command_prints_one_row_per_variant(inspected):
-    report, stdout = inspected
-    table = format_table(report)
-    assert stdout.startswith(table + "\n")
+def test_the_fused_block_compiles_for_sm90a(tmp_path, record_property):
+    """`python -m kimi_mlp inspect --json FILE` at M in INSPECT_M, the session's one
+    compile (one test, so that no second xdist worker waits for it), then each check."""
+    path = tmp_path / "codegen.json"
+    cmd = [sys.executable, "-m", "kimi_mlp", "inspect", "--json", str(path)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    assert res.returncode == 0, res.stderr[-4000:]
+    report = json.loads(path.read_text())
+    _check_launches(report, record_property)
+    _check_shared_memory(report)
+    _check_wgmma_where_used_today(report)
+    table = format_table(report)                      # the command printed the table
+    assert res.stdout.startswith(table + "\n")
     assert len(table.splitlines()) == 2 + len(report["variants"])
