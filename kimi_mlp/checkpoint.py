@@ -368,6 +368,7 @@ def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
 # %% ../book/06_checkpoint.ipynb #9ed8e857
 COMMANDS: dict[str, tuple[str, object, object]] = {}    # name -> (help, add_arguments, run)
 EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {
+    "inspect": ("kimi_mlp.codegen", "the kernels compiled for sm_90a (appendix D)"),
     "bench": ("kimi_mlp.bench", "GPU benchmarks (chapter 9)")}
 
 

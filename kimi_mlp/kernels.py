@@ -23,6 +23,10 @@ from .fp8 import ACT_AMAX_EPS, FP8_DTYPE, FP8_MAX
 #: True when the kernels run through Triton's CPU interpreter (TRITON_INTERPRET=1), i.e. on a
 #: machine without CUDA. Nothing is printed or warned about it: read this flag.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+#: Set only by `kimi_mlp.codegen` (appendix D), in a process of its own that compiles the
+#: kernels for a GPU it does not have and launches nothing: that GPU's SM count. While set,
+#: the wrappers accept CPU stand-in tensors and `default_split_k` plans for that GPU.
+_COMPILE_ONLY_SMS = None
 
 # %% ../book/07_kernels.ipynb #9e0fcd30
 @triton.jit
@@ -78,7 +82,7 @@ def _check_tensor(name, t, dtypes, shape=None, device=None, row_stride_ok=False)
     if not (t.is_contiguous() or rows_ok):
         what = "rows with unit stride" if row_stride_ok else "a contiguous tensor"
         raise ValueError(f"{name}: expected {what}, got strides {t.stride()}")
-    if not INTERPRETED and t.device.type != "cuda":
+    if not INTERPRETED and _COMPILE_ONLY_SMS is None and t.device.type != "cuda":
         raise ValueError(f"{name}: expected a CUDA tensor (Triton is compiling for the GPU), "
                          f"got one on {t.device}")
 
@@ -473,6 +477,8 @@ def default_split_k(m: int, n: int, k: int, num_sms: int | None = None,
     Output tiles = ceil(m/BLOCK_M) * ceil(n/128). When they are fewer than the SMs, split K into
     ceil(SMs / tiles) slices, keeping at least 4 K steps (of 128) per slice, at most 16 slices.
     `num_sms` defaults to the current CUDA device's count; without one (interpreter) 1."""
+    if num_sms is None:
+        num_sms = _COMPILE_ONLY_SMS                  # None unless compiling only
     if num_sms is None:
         if INTERPRETED or not torch.cuda.is_available():
             return 1

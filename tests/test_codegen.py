@@ -1,0 +1,187 @@
+"""Appendix D: the kernels compile for Hopper (sm_90a) without a GPU; what must not
+regress.
+
+The compile runs once per test session: one test runs `python -m kimi_mlp inspect
+--json` (a process of its own with TRITON_INTERPRET=0) and checks its report.
+"""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kimi_mlp import codegen
+from kimi_mlp.codegen import (INSPECT_M, SHARED_MEM_LIMIT, format_table,
+                              matrix_instructions, matrix_summary, parse_ptxas,
+                              ptx_excerpt, shared_buffers)
+
+GEMMS = ("_gate_up_swiglu_quant_kernel", "_fp8_gemm_kernel")
+
+# Real `ptxas -v` output (ptxas 13.4, sm_90a), trimmed to the lines the parser reads and
+# one it must skip; two entry functions, the first with spills.
+PTXAS_SAMPLE = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_gate_up_swiglu_quant_kernel' for 'sm_90a'
+ptxas info    : Function properties for _gate_up_swiglu_quant_kernel
+    72 bytes stack frame, 72 bytes spill stores, 68 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 72 bytes cumulative stack size
+ptxas info    : Compiling entry function '_fp8_gemm_kernel' for 'sm_90a'
+ptxas info    : Function properties for _fp8_gemm_kernel
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 196 registers, used 1 barriers, 616 bytes cmem[0]
+"""
+
+
+def test_parse_ptxas_sample():
+    assert parse_ptxas(PTXAS_SAMPLE) == {
+        "_gate_up_swiglu_quant_kernel": {"registers": 255, "stack": 72,
+                                         "spill_stores": 72, "spill_loads": 68},
+        "_fp8_gemm_kernel": {"registers": 196, "stack": 0, "spill_stores": 0,
+                             "spill_loads": 0}}
+
+
+def test_parse_ptxas_refuses_other_text():
+    with pytest.raises(ValueError, match="Used N registers"):
+        parse_ptxas("ptxas fatal   : Unresolved extern function 'f'")
+    truncated = PTXAS_SAMPLE.split("ptxas info    : Used 255")[0]
+    with pytest.raises(ValueError, match="Used N registers"):
+        parse_ptxas(truncated)
+
+
+MMA_PTX = """\
+\tcvt.rn.f16x2.e4m3x2 %r1, %rs1;
+\t.loc 1 42 20
+\tmov.b32 %r5, %r9;
+\tmma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%r5,%r6}, {%r1,%r2}, {%r3}, {%r5};
+\tmma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%r5,%r6}, {%r1,%r2}, {%r3}, {%r5};
+\tadd.s32 %r10, %r10, 1;
+"""
+WGMMA_PTX = """\
+\twgmma.fence.sync.aligned;
+\twgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%r1}, %rd1, %rd2, p, 1, 1;
+\twgmma.commit_group.sync.aligned;
+\twgmma.wait_group.sync.aligned 0;
+"""
+
+
+def test_matrix_instructions_mma_sync():
+    info = matrix_instructions(MMA_PTX)
+    assert info["kind"] == "mma.sync" and info["fp8_to_f16"] == 1 and info["cvt_first"]
+    assert [(op["shape"], op["a_type"], op["count"]) for op in info["ops"]] == [
+        ("m16n8k16", "f16", 2)]
+    assert info["first_line"] == 3 and info["wgmma_waits"] == []
+    assert matrix_summary(info) == "mma.sync m16n8k16 f16<-e4m3"
+    # the line-number and the register-copy lines are left out of the excerpt
+    assert ptx_excerpt(MMA_PTX, width=40) == [
+        "cvt.rn.f16x2.e4m3x2 %r1, %rs1;",
+        "mma.sync.aligned.m16n8k16.row.col.f32.f…",
+        "mma.sync.aligned.m16n8k16.row.col.f32.f…", "add.s32 %r10, %r10, 1;"]
+
+
+def test_matrix_instructions_wgmma_and_none():
+    info = matrix_instructions(WGMMA_PTX)
+    assert info["kind"] == "wgmma" and info["fp8_to_f16"] == 0
+    assert not info["cvt_first"]
+    assert [(op["shape"], op["a_type"]) for op in info["ops"]] == [
+        ("m64n128k32", "e4m3")]
+    assert info["wgmma_waits"] == [0]
+    assert matrix_summary(info) == "wgmma m64n128k32 e4m3"
+    none = matrix_instructions("\tadd.s32 %r1, %r1, 1;\n")
+    assert none["kind"] is None and matrix_summary(none) == "-"
+    assert ptx_excerpt("") == []
+
+
+def test_shared_buffers():
+    ttgir = (
+        "    %x_63 = ttg.local_alloc : () -> !ttg.memdesc<3x64x128xf8E4M3FN, #shared,"
+        " #smem, mutable> loc(#loc127)\n"
+        "    %acc = ttg.local_alloc %1 : (tensor<64x128xf32>) -> "
+        "!ttg.memdesc<64x128xf32>\n"
+        "    %w = ttg.local_alloc : () -> !ttg.memdesc<2x128x64xbf16, #shared1>\n")
+    assert shared_buffers(ttgir) == [
+        {"name": "x", "shape": "3x64x128", "dtype": "f8", "bytes": 3 * 64 * 128},
+        {"name": "w", "shape": "2x128x64", "dtype": "bf16", "bytes": 2 * 128 * 64 * 2}]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(ms=()), "ms: expected a non-empty list"),
+    (dict(ms=(1, 0)), "ms: expected a positive int, got 0"),
+    (dict(ms=(True,)), "ms: expected a positive int, got True"),
+    (dict(hidden_size=-1), "hidden_size: expected a positive int, got -1"),
+    (dict(sms=2.5), "sms: expected a positive int, got 2.5"),
+])
+def test_inspect_kernels_refuses_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        codegen.inspect_kernels(**kwargs)
+
+
+def test_command_line_refuses_bad_m(capsys):
+    with pytest.raises(SystemExit):
+        codegen.main(["--m", "1,x"])
+    assert "expected comma-separated positive ints" in capsys.readouterr().err
+
+
+def test_compile_launches_refuses_the_interpreter():
+    # This process decorated the kernels for the interpreter (conftest.py, on a CPU), so
+    # compiling here would silently compile nothing: it must refuse.
+    from kimi_mlp import kernels
+    if not kernels.INTERPRETED:
+        pytest.skip("the kernels were decorated for compiling in this process")
+    with pytest.raises(RuntimeError, match="interpreter"):
+        codegen.compile_launches((1,))
+
+
+def _check_launches(report, record_property):
+    "Each M launched rmsnorm_quant, gate/up, down (and maybe split-K's reduction)."
+    assert report["target"] == "sm_90a" and report["ms"] == list(INSPECT_M)
+    by_m = {m: {} for m in INSPECT_M}
+    for v in report["variants"]:
+        assert v["registers"] and 0 < v["registers"] <= 255, v["kernel"]
+        for launch in v["launches"]:
+            by_m[launch["m"]][launch["index"]] = v["kernel"]
+        summary = (f"{matrix_summary(v['matrix'])}, {v['shared']} B shared, "
+                   f"{v['registers']} registers, "
+                   f"{v['spill_stores']}/{v['spill_loads']} B spilled")
+        for launch in v["launches"]:    # instruction class and shared memory, recorded
+            record_property(f"{v['kernel']}@M={launch['m']}", summary)
+    for m, at in by_m.items():
+        launched = [at[i] for i in sorted(at)]
+        assert launched[:3] == ["_rmsnorm_quant_kernel", *GEMMS], (m, launched)
+        assert launched[3:] in ([], ["_split_k_reduce_kernel"]), (m, launched)
+
+
+def _check_shared_memory(report):
+    "Every variant fits the 227 KB a block may use; a GEMM's is its pipeline buffers."
+    for v in report["variants"]:
+        assert v["shared"] <= SHARED_MEM_LIMIT, (v["kernel"], v["constexprs"])
+        if v["kernel"] in GEMMS:
+            buffers = sum(b["bytes"] for b in v["smem_buffers"])
+            assert buffers == v["shared"], v["kernel"]
+
+
+def _check_wgmma_where_used_today(report):
+    "Both GEMMs use Hopper's fp8 wgmma at M >= 64 (64-row programs): must not regress."
+    checked = set()
+    for v in report["variants"]:
+        if v["kernel"] in GEMMS and min(x["m"] for x in v["launches"]) >= 64:
+            assert v["matrix"]["kind"] == "wgmma", (v["kernel"], v["launches"])
+            assert {op["a_type"] for op in v["matrix"]["ops"]} == {"e4m3"}
+            assert v["matrix"]["fp8_to_f16"] == 0
+            checked |= {(v["kernel"], x["m"]) for x in v["launches"]}
+    assert checked == {(k, m) for k in GEMMS for m in INSPECT_M if m >= 64}
+
+
+def test_the_fused_block_compiles_for_sm90a(tmp_path, record_property):
+    """`python -m kimi_mlp inspect --json FILE` at M in INSPECT_M, the session's one
+    compile (one test, so that no second xdist worker waits for it), then each check."""
+    path = tmp_path / "codegen.json"
+    cmd = [sys.executable, "-m", "kimi_mlp", "inspect", "--json", str(path)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    assert res.returncode == 0, res.stderr[-4000:]
+    report = json.loads(path.read_text())
+    _check_launches(report, record_property)
+    _check_shared_memory(report)
+    _check_wgmma_where_used_today(report)
+    table = format_table(report)                      # the command printed the table
+    assert res.stdout.startswith(table + "\n")
+    assert len(table.splitlines()) == 2 + len(report["variants"])
