@@ -369,7 +369,8 @@ def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
 COMMANDS: dict[str, tuple[str, object, object]] = {}    # name -> (help, add_arguments, run)
 EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("kimi_mlp.codegen", "the kernels compiled for sm_90a (appendix D)"),
-    "bench": ("kimi_mlp.bench", "GPU benchmarks (chapter 9)")}
+    "bench": ("kimi_mlp.harness", "GPU benchmarks (chapter 9, appendix E)"),
+    "gpu-report": ("kimi_mlp.measure", "everything that needs a GPU, in one run (appendix C)")}
 
 
 def register_command(name: str, run, add_arguments=None, help: str = "") -> None:

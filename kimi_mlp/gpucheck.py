@@ -1,10 +1,10 @@
 """`python -m kimi_mlp.gpucheck`: the kernel checks and timings at Kimi K2's real shapes on a GPU.
 
-Written by hand (not exported): the work is `gpucheck_main` in kimi_mlp.fused (chapter 8).
+Written by hand (not exported): the work is `gpucheck_main` in kimi_mlp.measure (appendix C).
 """
 import sys
 
-from kimi_mlp.fused import gpucheck_main
+from kimi_mlp.measure import gpucheck_main
 
 if __name__ == "__main__":
     sys.exit(gpucheck_main())

@@ -1,0 +1,121 @@
+"""Appendix C (kimi_mlp.measure): the book's mode switch, the notebook runner and the GPU report,
+on a machine without a GPU."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kimi_mlp import measure
+
+
+def run_fresh(code: str, **env) -> subprocess.CompletedProcess:
+    "Run `code` in a fresh Python (book_mode must run before kimi_mlp.kernels is imported)."
+    import os
+    full = {**os.environ, **env}
+    full.pop("TRITON_INTERPRET", None) if "TRITON_INTERPRET" not in env else None
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=full, timeout=120)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's mode")
+def test_book_mode_without_cuda_picks_the_interpreter_before_the_kernels():
+    p = run_fresh("from kimi_mlp.measure import book_mode; m = book_mode(); "
+                  "import os; from kimi_mlp import kernels; "
+                  "print(m.gpu, m.device, os.environ['TRITON_INTERPRET'], kernels.INTERPRETED); "
+                  "print(m.reason); print(m.pick(cpu='small', gpu='big'))")
+    assert p.returncode == 0, p.stderr
+    first, reason, pick = p.stdout.splitlines()
+    assert first == "False cpu 1 True"
+    assert reason == "Triton's CPU interpreter at small widths: there is no CUDA device"
+    assert pick == "small"
+
+
+def test_rehearsal_runs_the_gpu_code_at_the_cpu_shapes():
+    p = run_fresh("from kimi_mlp.measure import book_mode; m = book_mode(); "
+                  "print(m.gpu, m.rehearsal, m.device, m.pick(cpu=1, gpu=2)); "
+                  "print(m.rate(lambda: None)['line'])", KIMI_BOOK_MODE="rehearsal")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines() == ["True True cpu 1", "rehearsal on the CPU: ran, not timed"]
+
+
+def test_book_mode_refuses_to_follow_kernels_imported_the_other_way(monkeypatch):
+    import kimi_mlp.kernels as kernels
+    monkeypatch.setattr(kernels, "INTERPRETED", not kernels.INTERPRETED)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if not kernels.INTERPRETED:                      # pretend they were compiled for a GPU
+        with pytest.raises(RuntimeError, match="imported with the interpreter off"):
+            measure.book_mode()
+
+
+def test_a_gpu_without_fp8_tensor_cores_is_named_and_not_interpreted_silently(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    with pytest.raises(RuntimeError, match="A100.*compute capability 8.0.*no FP8 tensor cores.*"
+                                           "set TRITON_INTERPRET=1"):
+        measure.book_mode()
+    import os
+    assert "TRITON_INTERPRET" not in os.environ              # it did not switch by itself
+    monkeypatch.setenv("TRITON_INTERPRET", "1")              # the reader asks for it
+    monkeypatch.setattr(measure, "_agreed", lambda mode: mode)
+    mode = measure.book_mode()
+    assert not mode.gpu and "TRITON_INTERPRET=1 is set" in mode.reason and "A100" in mode.reason
+
+
+def test_run_notebook_keeps_outputs_and_stops_at_the_first_error(tmp_path):
+    cells = [
+        {"cell_type": "markdown", "id": "m", "metadata": {}, "source": ["# t"]},
+        {"cell_type": "code", "id": "a", "metadata": {}, "execution_count": None,
+         "outputs": [], "source": ["x = 6 * 7\n", "print('x is', x)"]},
+        {"cell_type": "code", "id": "b", "metadata": {}, "execution_count": None,
+         "outputs": [], "source": ["import matplotlib.pyplot as plt\n",
+                                   "from IPython.display import Markdown, display\n",
+                                   "display(Markdown('**bold**'))\n",
+                                   "plt.plot([1, 2]); plt.show()"]},
+        {"cell_type": "code", "id": "c", "metadata": {}, "execution_count": None,
+         "outputs": [], "source": ["raise ValueError('broken on purpose')"]},
+        {"cell_type": "code", "id": "d", "metadata": {}, "execution_count": None,
+         "outputs": [], "source": ["print('never')"]}]
+    src = tmp_path / "t.ipynb"
+    src.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4,
+                               "nbformat_minor": 5}))
+    r = measure.run_notebook(src, tmp_path / "out.ipynb", timeout_s=120)
+    assert r["failed"] == {"cell": 3, "error": "ValueError: broken on purpose"} and r["cells"] == 3
+    nb = json.loads((tmp_path / "out.ipynb").read_text())
+    a, b, c, d = nb["cells"][1:]
+    assert a["outputs"] == [{"name": "stdout", "output_type": "stream", "text": "x is 42\n"}]
+    kinds = [next(iter(o["data"])) for o in b["outputs"]]
+    assert kinds == ["text/markdown", "image/png"] and b["outputs"][0]["data"]["text/markdown"] \
+        == "**bold**"
+    assert c["outputs"][0]["output_type"] == "error" and c["execution_count"] == 3
+    assert d["outputs"] == [] and d["execution_count"] is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke run is the CPU's")
+def test_gpu_report_smoke_rehearses_chapters_7_to_9(tmp_path):
+    """The GPU report end to end without a GPU: the smoke GPU check, chapters 7-9 executed in a
+    rehearsal (their GPU code, at the small widths, through the interpreter) and the smoke
+    sweep; every step must pass and everything lands under --out (at most 8 files)."""
+    rc = measure.gpu_report_main(["--cpu-smoke", "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "gpu-report.json").read_text())
+    failed = [s for s in report["steps"] if not s["ok"]]
+    assert rc == 0 and not failed, failed
+    assert [s["step"] for s in report["steps"]] == [
+        "gpucheck", "notebook 07_kernels.ipynb", "notebook 08_fused_mlp.ipynb",
+        "notebook 09_benchmarks.ipynb", "bench"]
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert len(files) <= 8 and "07_kernels.ipynb" in files
+    nb = json.loads((tmp_path / "07_kernels.ipynb").read_text())
+    text = "".join(o.get("text", "") for c in nb["cells"] if c["cell_type"] == "code"
+                   for o in c["outputs"])
+    assert "a rehearsal of the GPU code" in text and "ran, not timed" in text
+
+
+def test_gpu_report_refuses_without_a_gpu(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    assert measure.gpu_report_main(["--out", "/nonexistent/never-written"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
