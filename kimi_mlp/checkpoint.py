@@ -250,7 +250,7 @@ def read_tensors(file, specs: dict) -> dict[str, torch.Tensor]:
             out[name] = torch.from_numpy(buf).view(dtype).view(shape)
     return {name: out[name] for name in specs}
 
-# %% ../book/06_checkpoint.ipynb #c91b90d0
+# %% ../book/06_checkpoint.ipynb #0123adc8
 _F32 = torch.finfo(torch.float32)
 SCALE_RANGE = (_F32.tiny, _F32.max / FP8_MAX)      # [2^-126, FLT_MAX / 448]
 
@@ -270,7 +270,17 @@ def _check_values(file: Path, name: str, t: torch.Tensor) -> None:
         raise CheckpointError(f"{file}: tensor {name!r}: expected finite values, "
                               "got NaN or inf")
 
-# %% ../book/06_checkpoint.ipynb #1c50b03a
+
+def _check_layer(config: KimiK2Config, layer) -> None:
+    n = config.num_hidden_layers
+    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n:
+        raise ValueError(f"layer: expected an int in [0, {n}), got {layer!r:.40}")
+    if not config.is_dense_layer(layer):
+        raise ValueError(f"layer: expected a dense layer (this config's are "
+                         f"{config.dense_layers}), got {layer}, a mixture-of-experts "
+                         "layer")
+
+# %% ../book/06_checkpoint.ipynb #5a31ebb2
 def load_dense_block(checkpoint_dir, layer: int = 0, config: KimiK2Config | None = None,
                      device="cpu", mode: str = "w8a16") -> ResidualBlock:
     """Load the FFN half of dense block `layer` from a Kimi K2 (DeepSeek-V3 format) FP8
@@ -286,13 +296,7 @@ def load_dense_block(checkpoint_dir, layer: int = 0, config: KimiK2Config | None
     root, _ = checkpoint_root(checkpoint_dir)
     if config is None:
         config = KimiK2Config.from_json(root / "config.json")
-    n = config.num_hidden_layers
-    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n:
-        raise ValueError(f"layer: expected an int in [0, {n}), got {layer!r:.40}")
-    if not config.is_dense_layer(layer):
-        raise ValueError(f"layer: expected a dense layer (this config's are "
-                         f"{config.dense_layers}), got {layer}, a mixture-of-experts "
-                         "layer")
+    _check_layer(config, layer)
     specs = dense_block_tensors(config, layer)
     tensors = {}
     for file, names in resolve_tensor_files(root, specs).items():

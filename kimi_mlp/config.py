@@ -126,7 +126,7 @@ class KimiK2Config:
         "Indices of the blocks whose FFN is the dense MLP."
         return [i for i in range(self.num_hidden_layers) if self.is_dense_layer(i)]
 
-# %% ../book/01_config.ipynb #93901411
+# %% ../book/01_config.ipynb #a29b7022
 def _from_hf(cls, d: dict) -> dict:
     if not isinstance(d, dict):
         raise TypeError(f"config: expected a dict, got {type(d).__name__}")
@@ -153,7 +153,7 @@ def _to_hf(cfg) -> dict:
             "weight_block_size": list(cfg.weight_block_size)}
     return d
 
-
+# %% ../book/01_config.ipynb #8d5c0700
 def _read_config(cls, path):
     path = as_path(path, "path")
     d = read_checkpoint_json(path, "config file")
