@@ -56,7 +56,7 @@ def as_path(value, name: str) -> Path:
                          f"got {str(path)!r}")
     return path
 
-# %% ../book/appendix_a_safetensors.ipynb #9bea938c
+# %% ../book/appendix_a_safetensors.ipynb #b84aa1ad
 _KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)",
           stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
           stat.S_IFSOCK: "a socket"}
@@ -81,7 +81,8 @@ def open_regular_file(path, what: str = "file"):
         kind = _KINDS.get(stat.S_IFMT(mode), "a special file")
         raise CheckpointError(f"{path}: expected the {what} to be a regular file, "
                               f"got {kind}")
-    os.set_blocking(fd, True)
+    if _OPEN_FLAGS & getattr(os, "O_NONBLOCK", 0):
+        os.set_blocking(fd, True)            # reads of the regular file may block again
     return os.fdopen(fd, "rb", buffering=0)
 
 # %% ../book/appendix_a_safetensors.ipynb #11c7e918
