@@ -4,7 +4,8 @@ The modules are exported from the book's notebooks (book/*.ipynb) with nbdev; th
 by hand, gathers the public API. Modules that need Triton (kernels, fused) are not imported here:
 `import kimi_mlp` needs only torch, safetensors and numpy.
 """
-from .config import KimiK2Config, count_parameters, dense_mlp_parameters, read_safetensors_header
+from .safetensors_io import CheckpointError, read_safetensors_header
+from .config import KimiK2Config, count_parameters, dense_mlp_parameters
 from .rmsnorm import RMSNorm, rms_norm
 from .block import GeluMLP, ResidualBlock
 from .swiglu import DenseMLP, silu, swiglu
@@ -12,7 +13,7 @@ from .fp8 import (ACT_AMAX_EPS, FP8_MAX, Fp8DenseMLP, Fp8Linear, dequantize_weig
                   fp8_linear_w8a8, fp8_linear_w8a16, fp8_matmul_blockwise, quantize_activation,
                   quantize_weight_blockwise)
 
-from .checkpoint import CheckpointError, load_dense_block, write_synthetic_checkpoint
+from .checkpoint import load_dense_block, write_synthetic_checkpoint
 
 __version__ = "0.1.0"
 

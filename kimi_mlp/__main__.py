@@ -1,11 +1,13 @@
-"""`python -m kimi_mlp {synth,info,check,bench} ...`: the command line.
+"""`python -m kimi_mlp {synth,info,check,bench,gpu-report,inspect} ...`: the command line.
 
-Written by hand (not exported): the commands live in kimi_mlp.checkpoint (chapter 6), and
-`bench` in kimi_mlp.bench (chapter 9), which registers itself when first used.
+Written by hand (not exported): the command line is kimi_mlp.cli (Appendix B), whose
+`synth`, `info` and `check` call chapter 6's kimi_mlp.checkpoint; `bench` lives in
+kimi_mlp.harness (Appendix E), `gpu-report` in kimi_mlp.measure (Appendix C) and `inspect` in
+kimi_mlp.codegen (Appendix D), each imported only when it runs.
 """
 import sys
 
-from kimi_mlp.checkpoint import main
+from kimi_mlp.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -217,8 +217,8 @@ def test_cli_refuses_without_gpu(capsys):
 
 
 def test_cli_dispatch_from_the_package_command_line(tmp_path):
-    "`python -m kimi_mlp bench ...` reaches kimi_mlp.bench.main through chapter 6's main()."
-    from kimi_mlp.checkpoint import main
+    "`python -m kimi_mlp bench ...` reaches kimi_mlp.harness.main through Appendix B's main()."
+    from kimi_mlp.cli import main
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     assert main(["bench"]) == 2

@@ -1,9 +1,8 @@
-"""Chapter 6: the Kimi-format checkpoint, its loader, its writer and its command line."""
+"""Chapter 6: the Kimi-format checkpoint, its loader and its writer (the command line is in
+test_cli.py, hostile inputs in test_hostile_checkpoints.py)."""
 import json
-import math
 import os
 import stat
-import sys
 
 import pytest
 import torch
@@ -12,10 +11,12 @@ from safetensors.torch import save_file
 
 import kimi_mlp.checkpoint as ck
 from kimi_mlp.block import ResidualBlock
-from kimi_mlp.checkpoint import (INDEX_FILE, K2_0905_SHARD_NAME, CheckpointError, dense_block_float64,
-                                 dense_block_tensors, load_dense_block, main, relative_error,
-                                 resolve_tensor_files, write_synthetic_checkpoint)
+from kimi_mlp.checkpoint import (K2_0905_SHARD_NAME, dense_block_float64, dense_block_tensors,
+                                 load_dense_block, relative_error, write_synthetic_checkpoint)
+from kimi_mlp.cli import main
 from kimi_mlp.config import KimiK2Config, count_parameters, dense_mlp_parameters
+from kimi_mlp.safetensors_io import (INDEX_FILE, CheckpointError, checkpoint_tensors,
+                                     resolve_tensor_files)
 from kimi_mlp.fp8 import Fp8DenseMLP
 from kimi_mlp.rmsnorm import RMSNorm
 
@@ -111,7 +112,7 @@ def test_writer_refuses_and_leaves_nothing_on_failure(tmp_path, monkeypatch):
             raise OSError("disk full")
         return save_file(tensors, filename, metadata=metadata)
 
-    monkeypatch.setattr(ck, "save_file", failing_save)
+    monkeypatch.setattr(ck, "save_file", failing_save)      # the name chapter 6's writer calls
     with pytest.raises(OSError, match="disk full"):
         write_synthetic_checkpoint(tmp_path / "half", norm_separate=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["full"], "no partial checkpoint left behind"
@@ -233,7 +234,9 @@ def test_error_missing_index_entry(tmp_path):
 def test_error_missing_shard(tmp_path):
     root = _fresh(tmp_path)
     (root / "model-2-of-2.safetensors").unlink()
-    with pytest.raises(FileNotFoundError, match=rf"model-2-of-2.safetensors: no such shard file .*'{GAIN}'"):
+    with pytest.raises(CheckpointError, match=rf"model-2-of-2.safetensors: no such shard file .*'{GAIN}'"):
+        load_dense_block(root)
+    with pytest.raises(FileNotFoundError):                             # also a FileNotFoundError
         load_dense_block(root)
 
 
@@ -250,7 +253,8 @@ def test_error_tensor_not_in_its_shard(tmp_path):
     (GATE + "_scale_inv", torch.ones(5, 2, dtype=torch.float64), "expected dtype F32"),
     (GATE + "_scale_inv", torch.ones(5, 3), r"expected shape \[5, 2\], got \[5, 3\]"),
     (GATE, torch.zeros(640, 256, dtype=torch.bfloat16), "expected dtype F8_E4M3"),
-    (GATE + "_scale_inv", torch.full((5, 2), float("nan")), "expected finite values"),
+    (GATE + "_scale_inv", torch.full((5, 2), float("nan")), r"block \(0, 0\) has scale nan"),
+    (GAIN, torch.full((256,), float("inf"), dtype=torch.bfloat16), "expected finite values"),
 ])
 def test_error_wrong_dtype_shape_or_values(tmp_path, tensor, bad, message):
     root = _fresh(tmp_path)
@@ -309,7 +313,7 @@ def test_error_header_offsets_inconsistent(tmp_path):
 def test_error_bad_index_json(tmp_path):
     root = _fresh(tmp_path)
     (root / INDEX_FILE).write_text("{")
-    with pytest.raises(CheckpointError, match=f"{INDEX_FILE}: expected a safetensors index"):
+    with pytest.raises(CheckpointError, match=f"{INDEX_FILE}: corrupt safetensors index"):
         load_dense_block(root)
     (root / INDEX_FILE).write_text('{"weight_map": []}')
     with pytest.raises(CheckpointError, match="weight_map object"):
@@ -318,9 +322,9 @@ def test_error_bad_index_json(tmp_path):
 
 def test_error_no_checkpoint(tmp_path):
     (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="config: no file"):
+    with pytest.raises(CheckpointError, match="config.json: no such config file"):
         load_dense_block(tmp_path / "empty")
-    with pytest.raises(FileNotFoundError, match=f"expected {INDEX_FILE} or model.safetensors"):
+    with pytest.raises(CheckpointError, match=f"expected {INDEX_FILE} or model.safetensors"):
         load_dense_block(tmp_path / "empty", config=ck.SMALL_CONFIG)
     with pytest.raises(FileNotFoundError, match="checkpoint_dir: expected a directory"):
         resolve_tensor_files(tmp_path / "nothing", [GAIN])
@@ -375,61 +379,6 @@ def test_hugging_face_cache_layout(tmp_path):
         load_dense_block(snap)
 
 
-# ---- command line ----
-
-def test_cli_synth_info_check(tmp_path, capsys):
-    d = tmp_path / "cli"
-    assert main(["synth", str(d), "--seed", "1", "--norm-separate"]) == 0
-    out = capsys.readouterr().out
-    assert "drawing and quantizing" in out and "wrote" in out
-    assert (d / "model-2-of-2.safetensors").is_file()
-    assert main(["info", str(d)]) == 0
-    out = capsys.readouterr().out
-    assert f"parameters (headers, scales excluded): {3 * 256 * 640 + 256:,}" in out
-    assert f"dense MLP by the config: {3 * 256 * 640:,}" in out
-    for line in ("model.layers.0.mlp.down_proj.weight_scale_inv   F32      [2, 5]",
-                 "model.layers.0.post_attention_layernorm.weight  BF16     [256]            model-2-of-2.safetensors"):
-        assert line in out
-    assert main(["info", str(d), "--match", "gate", "--limit", "1"]) == 0
-    out = capsys.readouterr().out
-    assert "gate_proj.weight " in out and "up_proj" not in out and "... and 1 more" in out
-    assert main(["check", str(d), "--tokens", "3"]) == 0
-    out = capsys.readouterr().out
-    assert out.count(": OK") == 2 and "w8a16: relative error" in out and "w8a8: relative error" in out
-
-
-def test_cli_errors(tmp_path, capsys):
-    root = _fresh(tmp_path)
-    (root / "model-2-of-2.safetensors").unlink()
-    assert main(["check", str(root)]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and "model-2-of-2.safetensors" in err and GAIN in err
-    assert main(["check", str(root), "--tokens", "0"]) == 1
-    assert "--tokens: expected a positive int, got 0" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["nonsense"])
-    capsys.readouterr()
-
-
-def test_cli_is_extensible(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(ck, "COMMANDS", dict(ck.COMMANDS))
-    ck.register_command("hello", lambda args: print("hello", args.name) or 3,
-                        lambda p: p.add_argument("name"), "say hello")
-    assert main(["hello", "kimi"]) == 3
-    assert capsys.readouterr().out == "hello kimi\n"
-    # an external command: imported only when run, and handed the rest of the command line
-    (tmp_path / "fake_bench_cmd.py").write_text("def main(argv):\n    print('bench got', argv)\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(ck, "EXTERNAL_COMMANDS", {"bench": ("fake_bench_cmd", "fake")})
-    assert "fake_bench_cmd" not in sys.modules
-    assert main(["bench", "--sizes", "1,2"]) == 0
-    assert capsys.readouterr().out == "bench got ['--sizes', '1,2']\n"
-    with pytest.raises(SystemExit):
-        main(["--help"])
-    assert "bench" in capsys.readouterr().out
-    sys.modules.pop("fake_bench_cmd", None)
-
-
 def test_writer_extra_tensors(tmp_path):
     "Other tensors join layer 0's shard; the loader reads around them."
     root = write_synthetic_checkpoint(tmp_path / "c", extra_tensors={
@@ -448,8 +397,8 @@ def test_opens_only_the_shards_it_needs(tmp_path):
     (root / "model-2-of-2.safetensors").write_bytes(b"not a safetensors file at all")
     block = load_dense_block(root, layer=0)
     assert block.post_attention_layernorm.weight.shape == (256,)
-    with pytest.raises(ValueError, match="model-2-of-2.safetensors: corrupt safetensors header"):
-        ck.checkpoint_tensors(root)                                   # reading every header does fail
+    with pytest.raises(CheckpointError, match="model-2-of-2.safetensors: corrupt safetensors header"):
+        checkpoint_tensors(root)                                      # reading every header does fail
 
 
 def test_read_tensors_accepts_the_header_when_no_spec(tmp_path):

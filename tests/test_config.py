@@ -6,9 +6,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from kimi_mlp.config import (CheckpointError, KimiK2Config, count_parameters, dense_mlp_bytes,
-                             dense_mlp_parameters, dense_mlp_shapes, gelu_mlp_parameters,
-                             read_safetensors_header, read_safetensors_layout, scale_shape)
+from kimi_mlp.config import (KimiK2Config, count_parameters, dense_mlp_bytes, dense_mlp_parameters,
+                             dense_mlp_shapes, gelu_mlp_parameters, parameters_in, scale_shape)
+from kimi_mlp.safetensors_io import (CheckpointError, checkpoint_tensors, read_safetensors_header,
+                                     read_safetensors_layout)
 
 REAL = KimiK2Config()
 
@@ -56,6 +57,9 @@ def test_scale_shape_ragged():
     ({"weight_block_size": (128, 0)}, "weight_block_size"),
     ({"weight_block_size": "128x128"}, "weight_block_size"), ({"rms_norm_eps": 0}, "rms_norm_eps"),
     ({"first_k_dense_replace": -1}, "first_k_dense_replace"), ({"moe_layer_freq": 0}, "moe_layer_freq"),
+    ({"rope_theta": float("inf")}, "rope_theta"), ({"rope_theta": "50000"}, "rope_theta"),
+    ({"rms_norm_eps": float("nan")}, "rms_norm_eps"), ({"torch_dtype": ["bfloat16"]}, "torch_dtype"),
+    ({"quant_method": 8}, "quant_method"), ({"n_routed_experts": 0}, "n_routed_experts"),
 ])
 def test_validation_names_the_field(bad, field):
     with pytest.raises(ValueError, match=rf"KimiK2Config\.{field}: expected .* got"):
@@ -77,9 +81,12 @@ def test_from_json_reads_hf_layout(tmp_path):
     p.write_text(json.dumps(hf))
     assert KimiK2Config.from_json(p).quant_method is None
     p.write_text("{not json")
-    with pytest.raises(ValueError, match="not valid JSON"):
+    with pytest.raises(CheckpointError, match="config.json: corrupt config file .not valid JSON"):
         KimiK2Config.from_json(p)
-    with pytest.raises(FileNotFoundError, match="no file"):
+    p.write_text('{"hidden_size": 0}')
+    with pytest.raises(CheckpointError, match="config.json: KimiK2Config.hidden_size: expected"):
+        KimiK2Config.from_json(p)
+    with pytest.raises(FileNotFoundError, match="no such config file"):
         KimiK2Config.from_json(tmp_path / "missing.json")
 
 
@@ -111,7 +118,8 @@ def test_count_parameters_single_and_sharded(tmp_path):
     assert count_parameters(shard / "model.safetensors.index.json") == expected
     wm["model.layers.0.mlp.extra.weight"] = "model-1-of-2.safetensors"
     (shard / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
-    with pytest.raises(KeyError, match="model-1-of-2.safetensors.*extra"):
+    with pytest.raises(CheckpointError, match="model-1-of-2.safetensors: the index puts tensor "
+                                              "'model.layers.0.mlp.extra.weight' in this file"):
         count_parameters(shard)
 
 
@@ -137,17 +145,23 @@ def test_count_parameters_refuses_files_outside_the_checkpoint(tmp_path, entry):
 
 
 def test_count_parameters_reads_headers_only(tmp_path, monkeypatch):
-    "Counting must not touch tensor data: truncating the data region does not change the count."
+    "Counting must not touch tensor data: garbage in the data region does not change the count."
     cfg = KimiK2Config(hidden_size=256, intermediate_size=384)
     tensors, norm = _small_checkpoint(cfg)
     path = tmp_path / "model.safetensors"
     save_file({**tensors, **norm}, path)
-    n = int.from_bytes(path.read_bytes()[:8], "little")
-    header_only = tmp_path / "header_only.safetensors"
-    header_only.write_bytes(path.read_bytes()[: 8 + n] + b"\0")  # data region cut off
-    assert count_parameters(header_only) == count_parameters(path) == 3 * 256 * 384 + 256
-    header, data_start = read_safetensors_layout(header_only)
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(raw[: 8 + n] + b"\xff" * (len(raw) - 8 - n))   # same size, no tensors
+    assert count_parameters(garbage) == count_parameters(path) == 3 * 256 * 384 + 256
+    header, data_start = read_safetensors_layout(garbage)
     assert data_start == 8 + n and header == read_safetensors_header(path)
+    rows = checkpoint_tensors(path)
+    assert parameters_in(rows) == count_parameters(path) and len(rows) == 8
+    (tmp_path / "cut.safetensors").write_bytes(raw[: 8 + n] + b"\0")     # but the sizes are checked
+    with pytest.raises(CheckpointError, match="file truncated or corrupt"):
+        count_parameters(tmp_path / "cut.safetensors")
     key = "model.layers.0.post_attention_layernorm.weight"
     begin, end = header[key]["data_offsets"]
     raw = path.read_bytes()[data_start + begin:data_start + end]  # the gain's bytes: bf16 ones
@@ -163,9 +177,9 @@ def test_corrupt_headers(tmp_path):
     with pytest.raises(ValueError, match="corrupt safetensors header"):
         read_safetensors_header(p)
     p.write_bytes((5).to_bytes(8, "little") + b"{nope")
-    with pytest.raises(ValueError, match="corrupt safetensors header"):
+    with pytest.raises(CheckpointError, match="corrupt safetensors header"):
         read_safetensors_header(p)
     with pytest.raises(FileNotFoundError, match="no such safetensors file"):
         read_safetensors_header(tmp_path / "nothing.safetensors")
-    with pytest.raises(FileNotFoundError, match="expected a .safetensors file"):
+    with pytest.raises(CheckpointError, match="expected model.safetensors.index.json or model.safetensors"):
         count_parameters(tmp_path)

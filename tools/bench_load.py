@@ -47,8 +47,9 @@ import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
 from kimi_mlp.checkpoint import (dense_block_tensors, load_dense_block,  # noqa: E402
-                                 resolve_tensor_files, write_synthetic_checkpoint)
-from kimi_mlp.config import KimiK2Config, read_safetensors_layout  # noqa: E402
+                                 write_synthetic_checkpoint)
+from kimi_mlp.config import KimiK2Config  # noqa: E402
+from kimi_mlp.safetensors_io import read_safetensors_layout, resolve_tensor_files  # noqa: E402
 
 EMBED = ("model.embed_tokens.weight", (163840, 7168), torch.bfloat16)   # the real shape: 2.19 GiB
 
