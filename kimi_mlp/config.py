@@ -71,34 +71,9 @@ def _validate(cfg) -> None:
                                        "KimiK2Config.weight_block_size")
         object.__setattr__(cfg, "weight_block_size", block_size)
 
-# %% ../book/01_config.ipynb #9ee93777
-@dataclass(frozen=True)
-class KimiK2Config:
-    """The slice of Kimi K2's `config.json` this package uses. Defaults are the released
-    values of moonshotai/Kimi-K2-Instruct (revision fd1984e2b7a3)."""
-    hidden_size: int = 7168
-    intermediate_size: int = 18432
-    moe_intermediate_size: int = 2048
-    num_hidden_layers: int = 61
-    first_k_dense_replace: int = 1
-    moe_layer_freq: int = 1
-    n_routed_experts: int | None = 384
-    n_shared_experts: int = 1
-    num_experts_per_tok: int = 8
-    num_attention_heads: int = 64
-    q_lora_rank: int = 1536
-    kv_lora_rank: int = 512
-    vocab_size: int = 163840
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 50000
-    hidden_act: str = "silu"
-    torch_dtype: str = "bfloat16"
-    model_type: str = "kimi_k2"
-    # quantization_config; quant_method None means an unquantized (bf16) checkpoint
-    quant_method: str | None = "fp8"
-    fmt: str = "e4m3"
-    activation_scheme: str = "dynamic"
-    weight_block_size: tuple[int, int] | None = (128, 128)
+# %% ../book/01_config.ipynb #cd5edd4d
+class _ConfigMethods:
+    "What a KimiK2Config does besides holding its fields (they follow in the class below)."
 
     def __post_init__(self):
         _validate(self)
@@ -125,6 +100,35 @@ class KimiK2Config:
     def dense_layers(self) -> list[int]:
         "Indices of the blocks whose FFN is the dense MLP."
         return [i for i in range(self.num_hidden_layers) if self.is_dense_layer(i)]
+
+# %% ../book/01_config.ipynb #9ee93777
+@dataclass(frozen=True)
+class KimiK2Config(_ConfigMethods):
+    """The slice of Kimi K2's `config.json` this package uses. Defaults are the released
+    values of moonshotai/Kimi-K2-Instruct (revision fd1984e2b7a3)."""
+    hidden_size: int = 7168
+    intermediate_size: int = 18432
+    moe_intermediate_size: int = 2048
+    num_hidden_layers: int = 61
+    first_k_dense_replace: int = 1
+    moe_layer_freq: int = 1
+    n_routed_experts: int | None = 384
+    n_shared_experts: int = 1
+    num_experts_per_tok: int = 8
+    num_attention_heads: int = 64
+    q_lora_rank: int = 1536
+    kv_lora_rank: int = 512
+    vocab_size: int = 163840
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 50000
+    hidden_act: str = "silu"
+    torch_dtype: str = "bfloat16"
+    model_type: str = "kimi_k2"
+    # quantization_config; quant_method None means an unquantized (bf16) checkpoint
+    quant_method: str | None = "fp8"
+    fmt: str = "e4m3"
+    activation_scheme: str = "dynamic"
+    weight_block_size: tuple[int, int] | None = (128, 128)
 
 # %% ../book/01_config.ipynb #a29b7022
 def _from_hf(cls, d: dict) -> dict:
