@@ -12,40 +12,53 @@ __all__ = ['GeluMLP', 'ResidualBlock']
 
 # %% ../book/03_block.ipynb #3839b6b7
 def _check_linear_input(x, in_features: int, weight: torch.Tensor, name: str = "x"):
-    "Cheap checks on the input of a projection with weight [out, in_features] (no data read)."
+    "Cheap checks on a projection's input, weight [out, in_features]; reads no data."
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
         raise ValueError(f"{name}: expected a floating tensor, got {x.dtype}")
     if x.dim() == 0 or x.shape[-1] != in_features:
-        raise ValueError(f"{name}: expected [..., {in_features}] (hidden_size), "
-                         f"got shape {list(x.shape)}")
+        raise ValueError(
+            f"{name}: expected [..., {in_features}] (hidden_size), "
+            f"got shape {list(x.shape)}"
+        )
     if x.dtype != weight.dtype:
-        raise ValueError(f"{name}: expected {weight.dtype} (the dtype of the weights), "
-                         f"got {x.dtype}")
+        raise ValueError(
+            f"{name}: expected {weight.dtype} (the dtype of the weights), "
+            f"got {x.dtype}"
+        )
 
 
 def _check_sizes(hidden_size, intermediate_size):
-    for name, v in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
+    for name, v in (
+        ("hidden_size", hidden_size),
+        ("intermediate_size", intermediate_size),
+    ):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ValueError(f"{name}: expected a positive int, got {v!r}")
 
 # %% ../book/03_block.ipynb #4e0c7808
 class GeluMLP(nn.Module):
-    """The classic two-matrix MLP: `down_proj(gelu(up_proj(x)))`, exact (erf) GELU, no biases.
+    """The classic two-matrix MLP, `down_proj(gelu(up_proj(x)))`: exact (erf) GELU,
+    no biases.
 
     x: [..., hidden_size] -> [..., hidden_size]; up_proj.weight [intermediate_size,
     hidden_size], down_proj.weight [hidden_size, intermediate_size]. At Kimi K2's width:
     264,241,152 parameters.
     """
 
-    def __init__(self, hidden_size: int, intermediate_size: int,
-                 dtype: torch.dtype | None = None):
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, dtype: torch.dtype | None = None
+    ):
         super().__init__()
         _check_sizes(hidden_size, intermediate_size)
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False, dtype=dtype)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False, dtype=dtype)
+        self.up_proj = nn.Linear(
+            hidden_size, intermediate_size, bias=False, dtype=dtype
+        )
+        self.down_proj = nn.Linear(
+            intermediate_size, hidden_size, bias=False, dtype=dtype
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_linear_input(x, self.hidden_size, self.up_proj.weight)
@@ -55,17 +68,22 @@ class GeluMLP(nn.Module):
 class ResidualBlock(nn.Module):
     """The FFN half of a decoder block: `h + mlp(post_attention_layernorm(h))`.
 
-    h: [B, T, d] residual stream (bf16 in Kimi K2, d = 7168) -> [B, T, d]. Both parts are
-    pluggable modules; the attribute names match the checkpoint, so the keys of
+    h: [B, T, d] residual stream (bf16 in Kimi K2, d = 7168) -> [B, T, d]. Both parts
+    are pluggable modules; the attribute names match the checkpoint, so the keys of
     `model.layers.0.post_attention_layernorm.*` and `model.layers.0.mlp.*` load with the
     prefix `model.layers.0.` stripped.
     """
 
     def __init__(self, post_attention_layernorm: nn.Module, mlp: nn.Module):
         super().__init__()
-        for name, m in (("post_attention_layernorm", post_attention_layernorm), ("mlp", mlp)):
+        for name, m in (
+            ("post_attention_layernorm", post_attention_layernorm),
+            ("mlp", mlp),
+        ):
             if not isinstance(m, nn.Module):
-                raise TypeError(f"{name}: expected an nn.Module, got {type(m).__name__}")
+                raise TypeError(
+                    f"{name}: expected an nn.Module, got {type(m).__name__}"
+                )
         self.post_attention_layernorm = post_attention_layernorm
         self.mlp = mlp
 

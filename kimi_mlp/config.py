@@ -73,7 +73,7 @@ def _validate(cfg) -> None:
 
 # %% ../book/01_config.ipynb #cd5edd4d
 class _ConfigMethods:
-    "What a KimiK2Config does besides holding its fields (they follow in the class below)."
+    "What a KimiK2Config does besides holding its fields (the class below holds them)."
 
     def __post_init__(self):
         _validate(self)

@@ -21,10 +21,14 @@ def _check_norm_inputs(x, weight, eps):
     if not weight.is_floating_point():
         raise ValueError(f"weight: expected a floating tensor, got {weight.dtype}")
     if weight.dim() != 1:
-        raise ValueError(f"weight: expected a 1-d gain [d], got shape {list(weight.shape)}")
+        raise ValueError(
+            f"weight: expected a 1-d gain [d], got shape {list(weight.shape)}"
+        )
     if x.dim() == 0 or x.shape[-1] != weight.shape[0]:
-        raise ValueError(f"x: expected [..., {weight.shape[0]}] (the size of weight), "
-                         f"got shape {list(x.shape)}")
+        raise ValueError(
+            f"x: expected [..., {weight.shape[0]}] (the size of weight), "
+            f"got shape {list(x.shape)}"
+        )
     if not eps >= 0:
         raise ValueError(f"eps: expected a number >= 0, got {eps!r}")
 
@@ -33,9 +37,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     """Root-mean-square normalisation over the last dimension, in the reference's order.
 
     x: [..., d] floating (Kimi K2: [B, T, 7168] bf16); weight: [d] gain (bf16 in the
-    checkpoint). The statistics are computed in float32, the normalised x is cast back to
-    x.dtype, *then* the gain multiplies it (`modeling_deepseek.py` lines 103-108). Returns
-    [..., d] in the promoted dtype of weight and x (bf16 when both are bf16).
+    checkpoint). The statistics are computed in float32, the normalised x is cast back
+    to x.dtype, *then* the gain multiplies it (`modeling_deepseek.py` lines 103-108).
+    Returns [..., d] in the promoted dtype of weight and x (bf16 when both are bf16).
     """
     _check_norm_inputs(x, weight, eps)
     xf = x.float()
@@ -44,17 +48,24 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
 
 # %% ../book/02_rmsnorm.ipynb #ff00aff7
 class RMSNorm(nn.Module):
-    """RMSNorm with one learned gain per feature, `weight` [hidden_size], initialised to ones.
+    """RMSNorm with one learned gain per feature, `weight` [hidden_size], set to ones.
 
     forward(x: [..., hidden_size]) -> [..., hidden_size]; see `rms_norm` for the dtypes.
     State dict: `weight`, the checkpoint's `post_attention_layernorm.weight`.
     """
 
-    def __init__(self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None):
+    def __init__(
+        self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None
+    ):
         super().__init__()
-        if (isinstance(hidden_size, bool) or not isinstance(hidden_size, int)
-                or hidden_size < 1):
-            raise ValueError(f"hidden_size: expected a positive int, got {hidden_size!r}")
+        if (
+            isinstance(hidden_size, bool)
+            or not isinstance(hidden_size, int)
+            or hidden_size < 1
+        ):
+            raise ValueError(
+                f"hidden_size: expected a positive int, got {hidden_size!r}"
+            )
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
             raise ValueError(f"eps: expected a number >= 0, got {eps!r}")
         self.hidden_size = hidden_size
