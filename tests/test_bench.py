@@ -106,17 +106,26 @@ def test_record_round_trip_and_plots(tmp_path):
 
 def test_targets_are_judged_from_the_record():
     met = {t["target"]: t for t in B.check_targets(fake_record(fused_decode_us=100.0))}
-    decode, prefill, unfused = met.values()
+    decode, prefill, unfused, scaled_mm = met.values()
     # the worst decode M is M = 1, which moves the fewest bytes in the same 100 µs
     assert decode["met"] is True and decode["worst"] == pytest.approx(B.ffn_min_bytes(1) / 100e-6 / 4e12)
     assert prefill["met"] is True and prefill["worst"] == pytest.approx(1.5)
     assert unfused["met"] is True and unfused["worst"] == pytest.approx(1.1)
+    assert scaled_mm["met"] is None and scaled_mm["worst"] is None     # it did not run
+    r = fake_record()
+    fused = {x["m"]: x for x in r["results"] if x["provider"] == "fused"}
+    for m in (1, 16):                                  # cuBLAS ran at two M, faster at one
+        r["results"].append({**fused[m], "provider": "scaled_mm",
+                             "median_ms": fused[m]["median_ms"] * (0.9 if m == 16 else 1.3)})
+    r["providers"]["scaled_mm"] = {"label": "cuBLAS", "available": True, "reason": None}
+    target = B.check_targets(r)[3]
+    assert target["met"] is False and target["worst"] == pytest.approx(0.9)
     slow = B.check_targets(fake_record(fused_decode_us=200.0))
     assert slow[0]["met"] is False
     # no fused timings: nothing is judged, nothing is "met"
     r = fake_record()
     r["results"] = [x for x in r["results"] if x["provider"] != "fused"]
-    assert [t["met"] for t in B.check_targets(r)] == [None, None, None]
+    assert [t["met"] for t in B.check_targets(r)] == [None, None, None, None]
     # a failed check removes the row from the timings
     r = fake_record()
     for x in r["results"]:
