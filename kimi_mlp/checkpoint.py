@@ -45,7 +45,7 @@ def _norm_dtype(config: KimiK2Config) -> torch.dtype:
                          f"such as 'bfloat16', got {config.torch_dtype!r}")
     return dtype
 
-
+# %% ../book/06_checkpoint.ipynb #7b5d5525
 def dense_block_tensors(config: KimiK2Config, layer: int = 0
                         ) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
     """Name -> (dtype, shape) of every tensor the FFN half of dense block `layer` needs.
@@ -322,19 +322,19 @@ def dense_block_float64(block: ResidualBlock, h: torch.Tensor) -> torch.Tensor:
     forwards.
 
     h: [..., hidden] (any floating dtype) -> [..., hidden] float64:
-    `h + down(silu(gate(n)) * up(n))` with `n = rms_norm(h)` computed without
+    `h + down(silu(gate(x)) * up(x))` with `x = rms_norm(h)` computed without
     intermediate rounding.
     """
     norm, mlp = block.post_attention_layernorm, block.mlp
-    x = h.detach().double().cpu()
+    h64 = h.detach().double().cpu()
     gain = norm.weight.detach().double().cpu()
-    n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.eps) * gain
-    w = {p: dequantize_weight_blockwise(    # exact in float64: 4 x 24 significant bits
-             getattr(mlp, p).weight.cpu(), getattr(mlp, p).weight_scale_inv.cpu(),
+    x = h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + norm.eps) * gain
+    w = {name: dequantize_weight_blockwise(     # exact in float64: 4 x 24 bits
+             getattr(mlp, name).weight.cpu(), getattr(mlp, name).weight_scale_inv.cpu(),
              mlp.block_size, dtype=torch.float64)
-         for p in ("gate_proj", "up_proj", "down_proj")}
-    g, u = n @ w["gate_proj"].T, n @ w["up_proj"].T
-    return x + (g * torch.sigmoid(g) * u) @ w["down_proj"].T
+         for name in ("gate_proj", "up_proj", "down_proj")}
+    g, u = x @ w["gate_proj"].T, x @ w["up_proj"].T
+    return h64 + (g * torch.sigmoid(g) * u) @ w["down_proj"].T
 
 
 CHECK_BOUNDS = {"w8a16": 2.0 ** -6, "w8a8": 2.0 ** -3}   # relative errors check allows

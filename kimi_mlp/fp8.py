@@ -19,68 +19,75 @@ __all__ = ['FP8_MAX', 'ACT_AMAX_EPS', 'FP8_DTYPE', 'FP8_MODES', 'quantize_weight
 
 # %% ../book/05_fp8.ipynb #466b5529
 FP8_MAX = 448.0          # largest finite float8_e4m3fn: 1.110 x 2^8
-ACT_AMAX_EPS = 1e-10     # activation amax floor: an all-zero group gets a finite scale, no 0/0
+ACT_AMAX_EPS = 1e-10     # activation amax floor: an all-zero group gets a finite scale
 FP8_DTYPE = torch.float8_e4m3fn
 
 
+def _check_positive_int(name, value, example=""):
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name}: expected a positive int{example}, got {value!r}")
+
+
 def _check_group_size(group_size):
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size <= 0:
-        raise ValueError(f"group_size: expected a positive int such as 128, "
-                         f"got {group_size!r}")
+    _check_positive_int("group_size", group_size, " such as 128")
 
 
 def _check_floating(name, t, min_rank=1, rank=None):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point() or t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        raise ValueError(f"{name}: expected a floating tensor (float32, bfloat16, float16, "
-                         f"float64), got {t.dtype}")
+        raise ValueError(f"{name}: expected a floating tensor (float32, bfloat16, "
+                         f"float16, float64), got {t.dtype}")
     if rank is not None and t.dim() != rank:
-        raise ValueError(f"{name}: expected a {rank}-d tensor, got shape {tuple(t.shape)}")
+        raise ValueError(f"{name}: expected a {rank}-d tensor, "
+                         f"got shape {tuple(t.shape)}")
     if t.dim() < min_rank:
         raise ValueError(f"{name}: expected at least {min_rank} dimension(s), "
                          f"got shape {tuple(t.shape)}")
 
-
+# %% ../book/05_fp8.ipynb #23435ad9
 def _check_quantized_weight(weight, weight_scale_inv, block_size):
-    "Validate an `[N, K]` e4m3 weight and its `[ceil(N/bn), ceil(K/bk)]` float32 scales."
+    "Check an `[N, K]` e4m3 weight and its `[ceil(N/bn), ceil(K/bk)]` float32 scales."
     bn, bk = _check_block_size(block_size)
     for name, t in (("weight", weight), ("weight_scale_inv", weight_scale_inv)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if weight.dtype != FP8_DTYPE:
-        raise ValueError(f"weight: expected dtype torch.float8_e4m3fn, got {weight.dtype}")
+        raise ValueError(f"weight: expected dtype torch.float8_e4m3fn, "
+                         f"got {weight.dtype}")
     if weight.dim() != 2:
         raise ValueError(f"weight: expected a 2-d tensor [N, K], "
                          f"got shape {tuple(weight.shape)}")
-    if weight_scale_inv.dtype != torch.float32:
+    scale = weight_scale_inv
+    if scale.dtype != torch.float32:
         raise ValueError(f"weight_scale_inv: expected dtype torch.float32, "
-                         f"got {weight_scale_inv.dtype}")
+                         f"got {scale.dtype}")
     n, k = weight.shape
     expected = (math.ceil(n / bn), math.ceil(k / bk))
-    if tuple(weight_scale_inv.shape) != expected:
-        raise ValueError(f"weight_scale_inv: expected shape {list(expected)} for a weight of "
-                         f"shape {[n, k]} and block_size {(bn, bk)}, "
-                         f"got {list(weight_scale_inv.shape)}")
-    if weight_scale_inv.device != weight.device:
-        raise ValueError(f"weight_scale_inv: expected device {weight.device} (the weight's), "
-                         f"got {weight_scale_inv.device}")
+    if tuple(scale.shape) != expected:
+        raise ValueError(f"weight_scale_inv: expected shape {list(expected)} for a "
+                         f"weight of shape {[n, k]} and block_size {(bn, bk)}, "
+                         f"got {list(scale.shape)}")
+    if scale.device != weight.device:
+        raise ValueError(f"weight_scale_inv: expected device {weight.device} "
+                         f"(the weight's), got {scale.device}")
     return bn, bk
 
 # %% ../book/05_fp8.ipynb #2320bd44
 def quantize_weight_blockwise(w: torch.Tensor, block_size=(128, 128)):
     """Quantize a weight to e4m3 with one float32 scale per `block_size` block.
 
-    w: [N, K] floating (bf16 in Kimi K2). Returns `(w_fp8, weight_scale_inv)`:
-    w_fp8 [N, K] float8_e4m3fn and weight_scale_inv [ceil(N/bn), ceil(K/bk)] float32, the
-    *dequantization multiplier*: `w ~= float(w_fp8) * weight_scale_inv[i // bn, j // bk]`.
+    w: [N, K] floating (bf16 in Kimi K2). Returns `(w_fp8, weight_scale_inv)`: w_fp8
+    [N, K] float8_e4m3fn and weight_scale_inv [ceil(N/bn), ceil(K/bk)] float32, the
+    *dequantization multiplier*:
+    `w ~= float(w_fp8) * weight_scale_inv[i // bn, j // bk]`.
 
-    Per block, `weight_scale_inv = amax(|block|) / 448` in float32 (edge blocks are partial:
-    the amax runs over the real elements only) and
-    `w_fp8 = (w / weight_scale_inv).clamp(-448, 448)` cast to e4m3, round-to-nearest-even. A
-    block whose scale would be 0 (all zeros, or values so small that amax / 448 underflows)
-    gets scale 1.0 and exact-zero (or rounded-to-zero) codes.
-    Works one row of blocks at a time, so the float32 temporaries are `bn x K`, never `N x K`.
+    Per block, `weight_scale_inv = amax(|block|) / 448` in float32 (edge blocks are
+    partial: the amax runs over the real elements only) and
+    `w_fp8 = (w / weight_scale_inv).clamp(-448, 448)` cast to e4m3, round to nearest
+    even. A block whose scale would be 0 (all zeros, or values so small that amax / 448
+    underflows) gets scale 1.0 and exact-zero (or rounded-to-zero) codes. Works one row
+    of blocks at a time: the float32 temporaries are `bn x K`, never `N x K`.
     """
     _check_floating("w", w, rank=2)
     bn, bk = _check_block_size(block_size)
@@ -88,79 +95,87 @@ def quantize_weight_blockwise(w: torch.Tensor, block_size=(128, 128)):
     nb, kb = math.ceil(n / bn), math.ceil(k / bk)
     w_fp8 = torch.empty(n, k, dtype=FP8_DTYPE, device=w.device)
     scale = torch.empty(nb, kb, dtype=torch.float32, device=w.device)
-    pad = kb * bk - k
     for i in range(nb):
-        rows = w[i * bn:(i + 1) * bn].to(torch.float32, copy=True)    # [<=bn, K] float32
+        rows = w[i * bn:(i + 1) * bn].to(torch.float32, copy=True)   # [<=bn, K] float32
         if not torch.isfinite(rows).all():
             raise ValueError(f"w: expected finite values, got inf or NaN in rows "
                              f"{i * bn}..{min((i + 1) * bn, n) - 1}")
-        amax = F.pad(rows.abs(), (0, pad)).view(rows.shape[0], kb, bk).amax(dim=(0, 2))  # [kb]
-        s = amax / amax.new_tensor(FP8_MAX)     # IEEE division on every device (see below)
+        blocks = F.pad(rows.abs(), (0, kb * bk - k)).view(rows.shape[0], kb, bk)
+        amax = blocks.amax(dim=(0, 2))                                # [kb]
+        s = amax / amax.new_tensor(FP8_MAX)  # IEEE division on every device (see below)
         s = torch.where(s > 0, s, torch.ones_like(s))
         scale[i] = s
-        s_cols = s.repeat_interleave(bk)[:k]                    # [K]: each column's scale
-        w_fp8[i * bn:(i + 1) * bn] = rows.div_(s_cols).clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+        s_cols = s.repeat_interleave(bk)[:k]                  # [K]: each column's scale
+        codes = rows.div_(s_cols).clamp_(-FP8_MAX, FP8_MAX)
+        w_fp8[i * bn:(i + 1) * bn] = codes.to(FP8_DTYPE)
     return w_fp8, scale
 
 # %% ../book/05_fp8.ipynb #230aebe4
 def dequantize_weight_blockwise(w_fp8: torch.Tensor, weight_scale_inv: torch.Tensor,
-                                block_size=(128, 128), dtype=torch.bfloat16) -> torch.Tensor:
+                                block_size=(128, 128),
+                                dtype=torch.bfloat16) -> torch.Tensor:
     """`float(w_fp8) * weight_scale_inv` per block, returned as `dtype`.
 
     w_fp8: [N, K] float8_e4m3fn; weight_scale_inv: [ceil(N/bn), ceil(K/bk)] float32.
-    Returns [N, K] `dtype`. Each product is formed in float32 and rounded once to `dtype`; for
-    `dtype=torch.float64` it is formed in float64, where it is exact (an oracle's weights).
-    Memory: the output plus one row of blocks (`bn x K`) in float32; no `N x K` float32 copy.
+    Returns [N, K] `dtype`. Each product is formed in float32 and rounded once to
+    `dtype`; for `dtype=torch.float64` it is formed in float64, where it is exact (an
+    oracle's weights). Memory: the output plus one row of blocks (`bn x K`) in float32.
     """
     _check_quantized_weight(w_fp8, weight_scale_inv, block_size)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point or dtype.itemsize < 2:
-        raise ValueError(f"dtype: expected a floating dtype of 16 bits or more, got {dtype!r}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point \
+            or dtype.itemsize < 2:
+        raise ValueError(f"dtype: expected a floating dtype of 16 bits or more, "
+                         f"got {dtype!r}")
     bn, bk = block_size
     n, k = w_fp8.shape
     work = torch.float64 if dtype == torch.float64 else torch.float32
     out = torch.empty(n, k, dtype=dtype, device=w_fp8.device)
-    buf = torch.empty(min(bn, n), k, dtype=work, device=w_fp8.device)     # reused scratch
+    buf = torch.empty(min(bn, n), k, dtype=work, device=w_fp8.device)   # reused scratch
     for i in range(weight_scale_inv.shape[0]):
         r0, r1 = i * bn, min((i + 1) * bn, n)
         rows = buf[:r1 - r0]
-        rows.copy_(w_fp8[r0:r1])                                       # exact widening
-        rows.mul_(weight_scale_inv[i].repeat_interleave(bk)[:k])       # per-column block scale
-        out[r0:r1].copy_(rows)                                         # one rounding to dtype
+        rows.copy_(w_fp8[r0:r1])                                # exact widening
+        rows.mul_(weight_scale_inv[i].repeat_interleave(bk)[:k])  # column block scale
+        out[r0:r1].copy_(rows)                                  # one rounding to dtype
     return out
 
 # %% ../book/05_fp8.ipynb #a9bb2f5b
 def quantize_activation(x: torch.Tensor, group_size: int = 128):
     """Dynamic per-token, per-group e4m3 quantization of activations.
 
-    x: [..., K] floating (bf16 in the model). Groups are `group_size` consecutive features
-    along the last dimension (the last group is partial when K is not a multiple). Returns
-    `(x_fp8 [..., K] float8_e4m3fn, scale [..., ceil(K/group_size)] float32)` with, per group,
-    `scale = max(amax(|x|), ACT_AMAX_EPS) / 448` and `x_fp8 = (x / scale).clamp(-448, 448)`,
-    both divisions IEEE float32. `x ~= float(x_fp8) * scale`. An all-zero group gets scale
-    ACT_AMAX_EPS / 448 and zero codes, never NaN. Inputs must be finite (not checked: hot
-    path; an inf or NaN in x makes its group's codes NaN, visibly).
+    x: [..., K] floating (bf16 in the model). Groups are `group_size` consecutive
+    features along the last dimension (the last group is partial when K is not a
+    multiple). Returns `(x_fp8 [..., K] float8_e4m3fn, scale [..., ceil(K/group_size)]
+    float32)` with, per group, `scale = max(amax(|x|), ACT_AMAX_EPS) / 448` and
+    `x_fp8 = (x / scale).clamp(-448, 448)`, both divisions IEEE float32:
+    `x ~= float(x_fp8) * scale`. An all-zero group gets scale ACT_AMAX_EPS / 448 and
+    zero codes, never NaN. Inputs must be finite (not checked: hot path; an inf or NaN
+    in x makes its group's codes NaN, visibly).
     """
     _check_floating("x", x)
     _check_group_size(group_size)
     k = x.shape[-1]
     if k == 0:
-        raise ValueError(f"x: expected a non-empty last dimension, got shape {tuple(x.shape)}")
+        raise ValueError(f"x: expected a non-empty last dimension, "
+                         f"got shape {tuple(x.shape)}")
     groups = math.ceil(k / group_size)
-    xf = F.pad(x.float(), (0, groups * group_size - k)).unflatten(-1, (groups, group_size))
+    xf = F.pad(x.float(), (0, groups * group_size - k))
+    xf = xf.unflatten(-1, (groups, group_size))                  # [..., groups, gs]
     amax = xf.abs().amax(dim=-1)                                       # [..., groups]
-    # A Python-number divisor lets torch on CUDA multiply by its reciprocal instead; a tensor
-    # divisor keeps the IEEE division that the Triton kernels reproduce bit for bit.
+    # A Python-number divisor lets torch on CUDA multiply by its reciprocal instead; a
+    # tensor divisor keeps the IEEE division that the Triton kernels reproduce exactly.
     scale = amax.clamp(min=ACT_AMAX_EPS) / amax.new_tensor(FP8_MAX)
     q = (xf / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q.flatten(-2)[..., :k], scale
 
 # %% ../book/05_fp8.ipynb #76ec3084
-def fp8_linear_w8a16(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+def fp8_linear_w8a16(x: torch.Tensor, weight: torch.Tensor,
+                     weight_scale_inv: torch.Tensor,
                      block_size=(128, 128)) -> torch.Tensor:
-    """Weight-only FP8 linear: dequantize the weight to `x.dtype`, then `F.linear` (no bias).
+    """Weight-only FP8 linear: dequantize the weight to `x.dtype`, then `F.linear`.
 
     x: [..., K] floating; weight: [N, K] e4m3;
-    weight_scale_inv: [ceil(N/bn), ceil(K/bk)] float32.
+    weight_scale_inv: [ceil(N/bn), ceil(K/bk)] float32. No bias.
     Returns [..., N] in x.dtype. This is DeepSeek's default `gemm_impl = "bf16"` path.
     """
     _check_floating("x", x)
@@ -172,48 +187,51 @@ def fp8_linear_w8a16(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: to
     return F.linear(x, w)
 
 # %% ../book/05_fp8.ipynb #21be74ed
-def fp8_matmul_blockwise(x_fp8: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor,
-                         weight_scale_inv: torch.Tensor, block_size=(128, 128),
+def fp8_matmul_blockwise(x_fp8: torch.Tensor, x_scale: torch.Tensor,
+                         weight: torch.Tensor, weight_scale_inv: torch.Tensor,
+                         block_size=(128, 128),
                          out_dtype=torch.float32) -> torch.Tensor:
     """`x @ weight.T` from FP8 codes and block scales: the reference of the Triton GEMM.
 
     x_fp8: [M, K] e4m3 with x_scale [M, ceil(K/128)] float32 (1 x 128 groups, as
     `quantize_activation` returns them); weight: [N, K] e4m3 with weight_scale_inv
     [ceil(N/bn), ceil(K/128)] float32. For each 128-wide K block kb, in float32:
-    `acc += (x_fp8[:, kb] @ w_fp8[:, kb].T) * x_scale[:, kb, None] * w_scale[n // bn, kb]`,
-    where the 128-term dot is summed in float64 (exact, in any order) and rounded once to
-    float32, so the result does not depend on the BLAS. Returns [M, N] `out_dtype`.
+    `acc += (x_fp8[:, kb] @ w_fp8[:, kb].T) * x_scale[:, kb, None]
+    * w_scale[n // bn, kb]`, where the 128-term dot is summed in float64 (exact, in any
+    order) and rounded once to float32, so the result does not depend on the BLAS.
+    Returns [M, N] `out_dtype`.
     """
     bn, bk = _check_quantized_weight(weight, weight_scale_inv, block_size)
     if bk != 128:
-        raise ValueError(f"block_size: expected block_size[1] == 128 (the activation group "
-                         f"size), got {tuple(block_size)}")
+        raise ValueError(f"block_size: expected block_size[1] == 128 (the activation "
+                         f"group size), got {tuple(block_size)}")
     n, k = weight.shape
+    m, kb_count = x_fp8.shape[0], weight_scale_inv.shape[1]
     if x_fp8.dtype != FP8_DTYPE or x_fp8.dim() != 2 or x_fp8.shape[1] != k:
-        raise ValueError(f"x_fp8: expected [M, {k}] {FP8_DTYPE}, got {list(x_fp8.shape)} "
-                         f"{x_fp8.dtype}")
-    kb_count = weight_scale_inv.shape[1]
-    if x_scale.dtype != torch.float32 or tuple(x_scale.shape) != (x_fp8.shape[0], kb_count):
-        raise ValueError(f"x_scale: expected [{x_fp8.shape[0]}, {kb_count}] torch.float32, "
+        raise ValueError(f"x_fp8: expected [M, {k}] {FP8_DTYPE}, "
+                         f"got {list(x_fp8.shape)} {x_fp8.dtype}")
+    if x_scale.dtype != torch.float32 or tuple(x_scale.shape) != (m, kb_count):
+        raise ValueError(f"x_scale: expected [{m}, {kb_count}] torch.float32, "
                          f"got {list(x_scale.shape)} {x_scale.dtype}")
-    acc = torch.zeros(x_fp8.shape[0], n, dtype=torch.float32, device=x_fp8.device)
+    acc = torch.zeros(m, n, dtype=torch.float32, device=x_fp8.device)
     for kb in range(kb_count):
         cols = slice(kb * bk, (kb + 1) * bk)
-        w_scale = weight_scale_inv[:, kb].repeat_interleave(bn)[:n]             # [N]
+        w_scale = weight_scale_inv[:, kb].repeat_interleave(bn)[:n]            # [N]
         # the step's 128-term dot: exact in float64 whatever the order, rounded once
         dot = (x_fp8[:, cols].double() @ weight[:, cols].double().T).float()  # [M, N]
         acc += dot * x_scale[:, kb, None] * w_scale[None, :]
     return acc.to(out_dtype)
 
-
-def fp8_linear_w8a8(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: torch.Tensor,
-                    block_size=(128, 128), out_dtype=None) -> torch.Tensor:
+# %% ../book/05_fp8.ipynb #323d7a66
+def fp8_linear_w8a8(x: torch.Tensor, weight: torch.Tensor,
+                    weight_scale_inv: torch.Tensor, block_size=(128, 128),
+                    out_dtype=None) -> torch.Tensor:
     """FP8 x FP8 linear with block scales: `quantize_activation(x, 128)`, then
     `fp8_matmul_blockwise`.
 
-    x: [..., K] floating; weight: [N, K] e4m3; weight_scale_inv: [ceil(N/bn), ceil(K/128)]
-    float32 (block_size[1] must be 128, the activation group). Returns [..., N] in `out_dtype`
-    (default x.dtype).
+    x: [..., K] floating; weight: [N, K] e4m3; weight_scale_inv:
+    [ceil(N/bn), ceil(K/128)] float32 (block_size[1] must be 128, the activation group).
+    Returns [..., N] in `out_dtype` (default x.dtype).
     """
     _check_floating("x", x)
     _check_quantized_weight(weight, weight_scale_inv, block_size)
@@ -223,9 +241,11 @@ def fp8_linear_w8a8(x: torch.Tensor, weight: torch.Tensor, weight_scale_inv: tor
                          f"got shape {tuple(x.shape)}")
     out_dtype = x.dtype if out_dtype is None else out_dtype
     if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
-        raise ValueError(f"out_dtype: expected a floating torch dtype, got {out_dtype!r}")
-    x_fp8, x_scale = quantize_activation(x.reshape(-1, k))                 # [M, K], [M, kb]
-    y = fp8_matmul_blockwise(x_fp8, x_scale, weight, weight_scale_inv, block_size, out_dtype)
+        raise ValueError(f"out_dtype: expected a floating torch dtype, "
+                         f"got {out_dtype!r}")
+    x_fp8, x_scale = quantize_activation(x.reshape(-1, k))          # [M, K], [M, kb]
+    y = fp8_matmul_blockwise(x_fp8, x_scale, weight, weight_scale_inv, block_size,
+                             out_dtype)
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 # %% ../book/05_fp8.ipynb #b4d65c5b
@@ -237,61 +257,58 @@ def _check_mode(mode):
         raise ValueError(f"mode: expected one of {FP8_MODES}, got {mode!r}")
     return mode
 
-
+# %% ../book/05_fp8.ipynb #85bd40bb
 class Fp8Linear(nn.Module):
     """A bias-free Linear whose weight is stored as in the checkpoint: buffers `weight`
     ([out_features, in_features] float8_e4m3fn) and `weight_scale_inv`
-    ([ceil(out/bn), ceil(in/bk)] float32). `mode` picks the forward: "w8a16" (dequantize,
-    matmul in the activation dtype) or "w8a8" (quantize activations per 1 x 128 group, float32
-    accumulation)."""
+    ([ceil(out/bn), ceil(in/bk)] float32). `mode` picks the forward: "w8a16"
+    (dequantize, matmul in the activation dtype) or "w8a8" (quantize activations per
+    1 x 128 group, float32 accumulation)."""
 
     def __init__(self, in_features: int, out_features: int, block_size=(128, 128),
                  mode: str = "w8a16"):
         super().__init__()
-        for name, v in (("in_features", in_features), ("out_features", out_features)):
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{name}: expected a positive int, got {v!r}")
+        _check_positive_int("in_features", in_features)
+        _check_positive_int("out_features", out_features)
         self.in_features, self.out_features = in_features, out_features
-        self.block_size = _check_block_size(block_size)
+        self.block_size = bn, bk = _check_block_size(block_size)
         self.mode = _check_mode(mode)
-        bn, bk = self.block_size
-        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=FP8_DTYPE))
+        self.register_buffer("weight", torch.zeros(out_features, in_features,
+                                                   dtype=FP8_DTYPE))
         self.register_buffer("weight_scale_inv", torch.ones(
-            math.ceil(out_features / bn), math.ceil(in_features / bk), dtype=torch.float32))
+            math.ceil(out_features / bn), math.ceil(in_features / bk),
+            dtype=torch.float32))
 
     @classmethod
     def from_linear(cls, linear_or_weight, block_size=(128, 128),
                     mode: str = "w8a16") -> "Fp8Linear":
-        "Quantize an `nn.Linear` (no bias) or an [out, in] weight tensor into an `Fp8Linear`."
-        if isinstance(linear_or_weight, nn.Linear):
-            if linear_or_weight.bias is not None:
+        "Quantize an `nn.Linear` (no bias) or an [out, in] weight tensor."
+        w = linear_or_weight
+        if isinstance(w, nn.Linear):
+            if w.bias is not None:
                 raise ValueError("linear_or_weight: expected a Linear without bias, "
                                  "got one with a bias")
-            w = linear_or_weight.weight.detach()
-        else:
-            w = linear_or_weight
+            w = w.weight.detach()
         _check_floating("linear_or_weight", w, rank=2)
-        out_features, in_features = w.shape
-        m = cls(in_features, out_features, block_size=block_size, mode=mode)
-        w_fp8, scale = quantize_weight_blockwise(w, block_size)
-        m.weight, m.weight_scale_inv = w_fp8, scale
+        m = cls(w.shape[1], w.shape[0], block_size=block_size, mode=mode)
+        m.weight, m.weight_scale_inv = quantize_weight_blockwise(w, block_size)
         return m
 
     def dequantized_weight(self, dtype=torch.bfloat16) -> torch.Tensor:
         "The weight as `dtype`: [out_features, in_features]."
-        return dequantize_weight_blockwise(self.weight, self.weight_scale_inv, self.block_size,
-                                           dtype)
+        return dequantize_weight_blockwise(self.weight, self.weight_scale_inv,
+                                           self.block_size, dtype)
 
     def forward(self, x: torch.Tensor, mode: str | None = None,
                 out_dtype=None) -> torch.Tensor:
-        """x: [..., in_features] -> [..., out_features]. `mode` overrides `self.mode` for this
-        call; `out_dtype` (w8a8 only; default x.dtype) lets a caller keep the float32
+        """x: [..., in_features] -> [..., out_features]. `mode` overrides `self.mode`
+        for this call; `out_dtype` (w8a8 only; default x.dtype) can keep the float32
         accumulator."""
         mode = _check_mode(self.mode if mode is None else mode)
+        w, s, bs = self.weight, self.weight_scale_inv, self.block_size
         if mode == "w8a16":
-            return fp8_linear_w8a16(x, self.weight, self.weight_scale_inv, self.block_size)
-        return fp8_linear_w8a8(x, self.weight, self.weight_scale_inv, self.block_size,
-                               out_dtype=out_dtype)
+            return fp8_linear_w8a16(x, w, s, bs)
+        return fp8_linear_w8a8(x, w, s, bs, out_dtype=out_dtype)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
@@ -299,28 +316,28 @@ class Fp8Linear(nn.Module):
 
 # %% ../book/05_fp8.ipynb #68b8cf82
 class Fp8DenseMLP(nn.Module):
-    """Kimi K2's dense SwiGLU MLP with FP8 block-scaled weights: `down(silu(gate(x)) * up(x))`.
+    """Kimi K2's dense SwiGLU MLP, FP8 block-scaled: `down(silu(gate(x)) * up(x))`.
 
     `gate_proj`, `up_proj`: Fp8Linear(hidden -> intermediate); `down_proj`:
-    Fp8Linear(intermediate -> hidden). x: [..., hidden] bf16 -> [..., hidden] in x.dtype.
+    Fp8Linear(intermediate -> hidden). x: [..., hidden] bf16 -> y: [..., hidden] in
+    x.dtype.
     - "w8a16": every step in x.dtype, like the reference modeling_deepseek.py with
       dequantized weights.
-    - "w8a8": gate and up by `fp8_linear_w8a8` with float32 outputs, `h = silu(g) * u` in
-      float32, then `fp8_linear_w8a8(h, down)` rounded to x.dtype (the fused kernels'
-      reference).
+    - "w8a8": gate and up by `fp8_linear_w8a8` with float32 outputs,
+      `p = silu(g) * u` in float32, then `fp8_linear_w8a8(p, down)` rounded to x.dtype
+      (the fused kernels' reference).
     """
+    PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
     def __init__(self, hidden_size: int, intermediate_size: int, block_size=(128, 128),
                  mode: str = "w8a16"):
         super().__init__()
-        for name, v in (("hidden_size", hidden_size),
-                        ("intermediate_size", intermediate_size)):
-            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{name}: expected a positive int, got {v!r}")
-        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
-        self.gate_proj = Fp8Linear(hidden_size, intermediate_size, block_size, mode)
-        self.up_proj = Fp8Linear(hidden_size, intermediate_size, block_size, mode)
-        self.down_proj = Fp8Linear(intermediate_size, hidden_size, block_size, mode)
+        _check_positive_int("hidden_size", hidden_size)
+        _check_positive_int("intermediate_size", intermediate_size)
+        self.hidden_size, self.intermediate_size = d, f = hidden_size, intermediate_size
+        self.gate_proj = Fp8Linear(d, f, block_size, mode)
+        self.up_proj = Fp8Linear(d, f, block_size, mode)
+        self.down_proj = Fp8Linear(f, d, block_size, mode)
 
     @property
     def mode(self) -> str:
@@ -329,8 +346,8 @@ class Fp8DenseMLP(nn.Module):
     @mode.setter
     def mode(self, mode: str) -> None:
         _check_mode(mode)
-        for proj in (self.gate_proj, self.up_proj, self.down_proj):
-            proj.mode = mode
+        for name in self.PROJECTIONS:
+            getattr(self, name).mode = mode
 
     @property
     def block_size(self):
@@ -339,26 +356,24 @@ class Fp8DenseMLP(nn.Module):
     @classmethod
     def from_dense(cls, dense: nn.Module, block_size=(128, 128),
                    mode: str = "w8a16") -> "Fp8DenseMLP":
-        "Quantize a bf16 MLP with Linear `gate_proj`, `up_proj`, `down_proj` (e.g. DenseMLP)."
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            if not isinstance(getattr(dense, name, None), nn.Linear):
+        "Quantize a bf16 MLP with Linear `gate_proj`, `up_proj`, `down_proj`."
+        linears = [getattr(dense, name, None) for name in cls.PROJECTIONS]
+        for name, lin in zip(cls.PROJECTIONS, linears):
+            if not isinstance(lin, nn.Linear):
                 raise ValueError(f"dense: expected a module with nn.Linear {name}, "
-                                 f"got {type(getattr(dense, name, None)).__name__}")
-        gate, up, down = dense.gate_proj, dense.up_proj, dense.down_proj
-        m = cls(gate.in_features, gate.out_features, block_size, mode)
-        m.gate_proj = Fp8Linear.from_linear(gate, block_size, mode)
-        m.up_proj = Fp8Linear.from_linear(up, block_size, mode)
-        m.down_proj = Fp8Linear.from_linear(down, block_size, mode)
+                                 f"got {type(lin).__name__}")
+        m = cls(linears[0].in_features, linears[0].out_features, block_size, mode)
+        for name, lin in zip(cls.PROJECTIONS, linears):
+            setattr(m, name, Fp8Linear.from_linear(lin, block_size, mode))
         return m
 
     def forward(self, x: torch.Tensor, mode: str | None = None) -> torch.Tensor:
-        "x: [..., hidden_size] -> [..., hidden_size] in x.dtype."
+        "x: [..., hidden_size] -> y: [..., hidden_size] in x.dtype."
         mode = _check_mode(self.mode if mode is None else mode)
         if mode == "w8a16":
-            g = self.gate_proj(x, mode="w8a16")
-            u = self.up_proj(x, mode="w8a16")
+            g, u = self.gate_proj(x, mode="w8a16"), self.up_proj(x, mode="w8a16")
             return self.down_proj(silu(g) * u, mode="w8a16")
         g = self.gate_proj(x, mode="w8a8", out_dtype=torch.float32)
         u = self.up_proj(x, mode="w8a8", out_dtype=torch.float32)
-        h = silu(g) * u                                                    # float32
-        return self.down_proj(h, mode="w8a8", out_dtype=x.dtype)
+        p = silu(g) * u                                                    # float32
+        return self.down_proj(p, mode="w8a8", out_dtype=x.dtype)

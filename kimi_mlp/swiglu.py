@@ -16,8 +16,8 @@ __all__ = ['silu', 'swiglu', 'DenseMLP']
 def silu(x: torch.Tensor) -> torch.Tensor:
     """SiLU (swish), `x * sigmoid(x)`, element-wise; any shape, floating dtype kept.
 
-    Computed by `torch.nn.functional.silu`, which rounds once to x.dtype (the reference's
-    `ACT2FN["silu"]` calls the same function, so results match bit for bit)."""
+    Computed by `torch.nn.functional.silu`, which rounds once to x.dtype (the
+    reference's `ACT2FN["silu"]` calls the same function: results match bit for bit)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
@@ -26,9 +26,9 @@ def silu(x: torch.Tensor) -> torch.Tensor:
 
 
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """The gated product `h = silu(gate) * up`, element-wise.
+    """The gated product `p = silu(gate) * up`, element-wise.
 
-    gate, up: [B, T, d_ff] of one dtype (Kimi K2: [B, T, 18432] bf16) -> h: [B, T, d_ff]."""
+    gate, up: [..., F] of one dtype (Kimi K2: [B, T, 18432] bf16) -> p: [..., F]."""
     if not isinstance(up, torch.Tensor):
         raise TypeError(f"up: expected a torch.Tensor, got {type(up).__name__}")
     if isinstance(gate, torch.Tensor) and gate.shape != up.shape:
@@ -38,11 +38,12 @@ def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 # %% ../book/04_swiglu.ipynb #997f5e7e
 class DenseMLP(nn.Module):
-    """Kimi K2's dense MLP (SwiGLU): `down_proj(silu(gate_proj(x)) * up_proj(x))`, no biases.
+    """Kimi K2's dense MLP (SwiGLU): `down_proj(silu(gate_proj(x)) * up_proj(x))`.
 
-    x: [..., hidden_size] -> [..., hidden_size]. gate_proj.weight and up_proj.weight are
-    [intermediate_size, hidden_size], down_proj.weight [hidden_size, intermediate_size]
-    (Kimi K2: [18432, 7168] and [7168, 18432]); state-dict keys as in the checkpoint.
+    x: [..., hidden_size] -> y: [..., hidden_size], no biases. gate_proj.weight and
+    up_proj.weight are [intermediate_size, hidden_size], down_proj.weight
+    [hidden_size, intermediate_size] (Kimi K2: [18432, 7168] and [7168, 18432]);
+    the state-dict keys are the checkpoint's.
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int,
@@ -50,9 +51,10 @@ class DenseMLP(nn.Module):
         super().__init__()
         _check_sizes(hidden_size, intermediate_size)
         self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
-        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=False, dtype=dtype)
-        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=False, dtype=dtype)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False, dtype=dtype)
+        d, f = hidden_size, intermediate_size
+        self.gate_proj = nn.Linear(d, f, bias=False, dtype=dtype)
+        self.up_proj = nn.Linear(d, f, bias=False, dtype=dtype)
+        self.down_proj = nn.Linear(f, d, bias=False, dtype=dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_linear_input(x, self.hidden_size, self.gate_proj.weight)
