@@ -722,7 +722,12 @@ def _tuned_tiles(index):
 def _plan(kind, m, n, k, num_sms, split_k=None, index=None):
     """`plan_gemm` for CUDA device `index`'s table (None: GEMM_TILES), cached (a dict
     lookup per launch), with `meta`: the kernel's keyword arguments."""
-    plan = plan_gemm(kind, m, n, k, num_sms, split_k, tiles=_tuned_tiles(index))
+    return _with_meta(plan_gemm(kind, m, n, k, num_sms, split_k,
+                                tiles=_tuned_tiles(index)))
+
+
+def _with_meta(plan: dict) -> dict:
+    "`plan` with `meta` added: the kernel's keyword arguments that the plan fixes."
     keys = ("BLOCK_M", "BLOCK_N", "GROUP_M", "SWAP", "num_warps", "num_stages")
     plan["meta"] = dict({key: plan[key] for key in keys}, BLOCK_K=QUANT_BLOCK,
                         EXACT_DOT=INTERPRETED)
