@@ -158,9 +158,10 @@ def _scratch(m: int, d: int, f: int, plans, device) -> tuple:
                                                             device=device)
     x, a = empty(m, d, dtype=FP8_DTYPE), empty(m, f, dtype=FP8_DTYPE)
     (gu, dn), cols = plans, lambda n: -(-n // 128)
+    part_gu = empty(gu["split_k"], 2, m, f) if gu["split_k"] > 1 else None
+    part_dn = empty(dn["split_k"], m, d) if dn["split_k"] > 1 else None
     return (x, x.view(torch.uint8), empty(m, cols(d)), a, a.view(torch.uint8),
-            empty(m, cols(f)), empty(gu["split_k"], 2, m, f) if gu["split_k"] > 1 else None,
-            empty(dn["split_k"], m, d) if dn["split_k"] > 1 else None)
+            empty(m, cols(f)), part_gu, part_dn)
 
 
 def _ffn_launches(rows, t: FfnTensors, weights, plans, scratch):
@@ -178,32 +179,17 @@ def _ffn_launches(rows, t: FfnTensors, weights, plans, scratch):
                                 plan_dn, part_dn)
 
 # %% ../book/08_fused_mlp.ipynb #0d77f80e
-#: Token counts up to which a FusedFp8DenseMLP keeps plans and intermediates between calls.
+#: Up to this many tokens, FusedFp8DenseMLP keeps plans and intermediates between calls.
 SCRATCH_MAX_M = 256
 
 
-class FusedFp8DenseMLP(nn.Module):
-    """The FFN half of Kimi K2's dense block in fused Triton launches.
-
-    The module form of `fused_ffn_block`.
-
-    Built from a `ResidualBlock(RMSNorm, Fp8DenseMLP)` as `load_dense_block` returns it;
-    shares that block's `post_attention_layernorm` and `mlp` (no copies), so the
-    state_dict keys are the checkpoint's. The tensors are checked once, here (and again
-    after `.to()` or `load_state_dict`), and the weights' TMA descriptors built once;
-    forward(h: [B, T, d] or [M, d] bf16) checks only h and launches."""
-
-    def __init__(self, block: nn.Module):
-        super().__init__()
-        ffn_tensors(block)                                   # refuse a bad block first
-        self.post_attention_layernorm = block.post_attention_layernorm
-        self.mlp = block.mlp
-        self.config = getattr(block, "config", None)
-        self._bind()
-        self.register_load_state_dict_post_hook(lambda module, keys: module._bind())
+class _CheckedOnce(nn.Module):
+    """What `FusedFp8DenseMLP` keeps between calls: the tensors, checked (`_t`), the
+    weights as the kernels read them (`_weights`: TMA descriptors, built once), and per
+    token count the plans and intermediates (`_per_m`) and CUDA graphs (`_graphs`)."""
 
     def _bind(self):
-        "Check the tensors and cache what every call reads; drop captured graphs."
+        "Check the tensors and cache what every call reads; drop what was kept."
         self._t = t = ffn_tensors(self)
         self.hidden_size, self.intermediate_size = t.hidden_size, t.intermediate_size
         self._weights = (*kernels._weight_operands(t.gate, t.up),
@@ -214,6 +200,39 @@ class FusedFp8DenseMLP(nn.Module):
         super()._apply(fn, *args, **kwargs)
         self._bind()
         return self
+
+    def _prepare(self, m: int, keep: bool = True):
+        """The GEMMs' plans and the intermediates for m tokens, every guard checked
+        before the first launch; kept for the next call when m <= SCRATCH_MAX_M
+        (decode sizes: calls must then come one at a time, on one CUDA stream, as in
+        serving)."""
+        d, f, dev = self.hidden_size, self.intermediate_size, self._t.norm_weight.device
+        if m * max(d, f) >= 2**31:
+            kernels._check_offsets("h", f"[{m}, {d}] through the intermediate [M, {f}]",
+                                   m * max(d, f))
+        plans = (kernels._plan_for("gate_up", m, f, d, dev),
+                 kernels._plan_for("down", m, d, f, dev))
+        entry = plans, _scratch(m, d, f, plans, dev)
+        if keep and m <= SCRATCH_MAX_M:
+            self._per_m[m] = entry
+        return entry
+
+# %% ../book/08_fused_mlp.ipynb #6e2f9b48
+class FusedFp8DenseMLP(_CheckedOnce):
+    """The FFN half of Kimi K2's dense block in fused Triton launches: the module form
+    of `fused_ffn_block`. Built from a `ResidualBlock(RMSNorm, Fp8DenseMLP)` as
+    `load_dense_block` returns it; shares that block's `post_attention_layernorm` and
+    `mlp` (no copies), so the state_dict keys are the checkpoint's. Checks the tensors
+    once; forward(h: [B, T, d] or [M, d] bf16) checks only h and launches."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        ffn_tensors(block)                                   # refuse a bad block first
+        self.post_attention_layernorm = block.post_attention_layernorm
+        self.mlp = block.mlp
+        self.config = getattr(block, "config", None)
+        self._bind()
+        self.register_load_state_dict_post_hook(lambda module, keys: module._bind())
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir, layer: int = 0, device="cpu"):
@@ -228,32 +247,15 @@ class FusedFp8DenseMLP(nn.Module):
         m = rows.shape[0]
         if m == 0:
             return h.clone()
-        graph = self._graphs.get(m)
-        if graph is not None:
-            return _replay(graph, rows).view(h.shape)
+        if m in self._graphs:
+            return _replay(self._graphs[m], rows).view(h.shape)
         plans, scratch = self._per_m.get(m) or self._prepare(m)
         out = _ffn_launches(rows.contiguous(), self._t, self._weights, plans, scratch)
         return out if h.dim() == 2 else out.view(h.shape)
 
-    def _prepare(self, m: int, keep: bool = True):
-        """The GEMMs' plans and the intermediates for m tokens, every guard checked before
-        the first launch; kept for the next call when m <= SCRATCH_MAX_M (decode sizes:
-        calls must then come one at a time, on one CUDA stream, as they do in serving)."""
-        d, f, dev = self.hidden_size, self.intermediate_size, self._t.norm_weight.device
-        if m * max(d, f) >= 2**31:
-            kernels._check_offsets("h", f"[{m}, {d}] through the intermediate [M, {f}]",
-                                   m * max(d, f))
-        plans = (kernels._plan_for("gate_up", m, f, d, dev),
-                 kernels._plan_for("down", m, d, f, dev))
-        entry = plans, _scratch(m, d, f, plans, dev)
-        if keep and m <= SCRATCH_MAX_M:
-            self._per_m[m] = entry
-        return entry
-
     def capture_graphs(self, ms=(1, 2, 4, 8, 16, 32, 64)) -> "FusedFp8DenseMLP":
         "A CUDA graph per token count in `ms`; forward replays them (see `_capture`)."
-        for m in ms:
-            self._graphs[m] = _capture(self, m)
+        self._graphs.update({m: _capture(self, m) for m in ms})
         return self
 
     def extra_repr(self) -> str:

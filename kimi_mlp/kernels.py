@@ -882,13 +882,10 @@ def _gate_up_swiglu_quant_kernel(x_ptr, x_s_ptr, g_ptr, g_s_ptr, u_ptr, u_s_ptr,
                                  TMA_A: tl.constexpr, TMA_W: tl.constexpr,
                                  SPLIT: tl.constexpr, WRITE_H: tl.constexpr,
                                  EXACT_DOT: tl.constexpr, NATIVE: tl.constexpr):
-    """h = silu(x @ gate^T) * (x @ up^T), quantized 1 x 128, one BLOCK_M x 128 tile per
-    program (whole quantization groups); grid (tiles, splits), as `_fp8_gemm_kernel`.
-
-    x: [M, K] e4m3, x_s: [M, ceil(K/128)]; gate, up: [F, K] e4m3 with [ceil(F/128),
-    ceil(K/128)] scales; q: [M, F] uint8 (e4m3 bits), q_s: [M, ceil(F/128)] fp32;
-    h (WRITE_H): [M, F] fp32. SPLIT: store the fp32 sums of g and u in p [splits, 2, M,
-    F] for `_swiglu_quant_reduce_kernel`, nothing else."""
+    """h = silu(x @ gate^T) * (x @ up^T) quantized 1 x 128, a BLOCK_M x 128 tile (whole
+    groups) per program, grid and operands as `_fp8_gemm_kernel` (gate, up: [F, K]);
+    q: [M, F] uint8 (e4m3 bits), q_s: [M, ceil(F/128)] fp32, h (WRITE_H): [M, F] fp32.
+    SPLIT: only store the fp32 sums of g and u in p [splits, 2, M, F]."""
     pid_m, pid_n = _tile_ids(tl.program_id(0), M, F, BLOCK_M, BLOCK_N, GROUP_M)
     off_m, off_n = pid_m * BLOCK_M, pid_n * BLOCK_N
     rm, rn = off_m + tl.arange(0, BLOCK_M), off_n + tl.arange(0, BLOCK_N)

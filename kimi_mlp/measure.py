@@ -469,8 +469,9 @@ def gpucheck_main(argv=None) -> int:
     cuda = torch.cuda.is_available()
     if not cuda and not args.cpu_smoke:
         print("gpucheck: no CUDA device. The real-shape checks (7168 x 18432, M up to "
-              "4096) and the timings need a GPU; on the CPU, `--cpu-smoke` runs the same "
-              "checks at tiny shapes through the Triton interpreter.", file=sys.stderr)
+              "4096) and the timings need a GPU; on the CPU, `--cpu-smoke` runs the "
+              "same checks at tiny shapes through the Triton interpreter.",
+              file=sys.stderr)
         return 2
     device, timed = ("cuda" if cuda else "cpu"), cuda and not args.cpu_smoke
     d, f = (320, 704) if args.cpu_smoke else (args.hidden_size, args.intermediate_size)
