@@ -12,20 +12,21 @@ import sys
 import tempfile
 from pathlib import Path
 
-#: The token counts the book inspects: decode (1 to 32), 64-row tiles, prefill.
+#: The token counts the book inspects: decode (1 to 64), 64-row tiles, prefill.
 INSPECT_M = (1, 4, 16, 32, 64, 128, 1024, 4096)
 #: Triton's `GPUTarget` fields for Hopper: backend, compute capability 9.0, warp size.
 HOPPER = ("cuda", 90, 32)
-#: SMs of an H100 SXM or an H200: what `default_split_k` plans the decode launches for.
+#: SMs of an H100 SXM or an H200: what `plan_gemm` plans the launches for.
 H200_SMS = 132
 #: The most shared memory one thread block may use on compute capability 9.0, 227 KB
 #: (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability").
 SHARED_MEM_LIMIT = 227 * 1024
 
 # %% auto #0
-__all__ = ['INSPECT_M', 'HOPPER', 'H200_SMS', 'SHARED_MEM_LIMIT', 'CompileOnlyDriver', 'stand_in_block', 'compile_launches',
-           'parse_ptxas', 'ptxas_path_and_flags', 'run_ptxas', 'matrix_instructions', 'shared_buffers', 'ptx_excerpt',
-           'inspect_kernels', 'short_name', 'matrix_summary', 'table_rows', 'format_table', 'main']
+__all__ = ['INSPECT_M', 'HOPPER', 'H200_SMS', 'SHARED_MEM_LIMIT', 'CONVERSIONS', 'CompileOnlyDriver', 'stand_in_block',
+           'compile_launches', 'parse_ptxas', 'ptxas_path_and_flags', 'run_ptxas', 'matrix_instructions',
+           'shared_buffers', 'ptx_excerpt', 'inspect_kernels', 'short_name', 'matrix_summary', 'table_rows',
+           'format_table', 'main']
 
 # %% ../book/appendix_d_codegen.ipynb #a7b1e9af
 class CompileOnlyDriver:
@@ -219,6 +220,9 @@ _MMA = re.compile(r"^\s*(wgmma\.mma_async|mma\.sync)\S*")
 _SHAPE = re.compile(r"\.(m\d+n\d+k\d+)\.")
 _WAIT = re.compile(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)")
 _FP8_TO_F16 = "cvt.rn.f16x2.e4m3x2"
+#: The hardware's conversions the native epilogues use (chapter 7's NATIVE), counted.
+CONVERSIONS = ("cvt.rn.satfinite.e4m3x2.f32", "cvt.rn.bf16x2.f32", "cvt.rn.bf16.f32",
+               "add.bf16x2")
 
 
 def _operand_type(opcode: str) -> str:
@@ -233,7 +237,8 @@ def matrix_instructions(ptx: str) -> dict:
     "mma.sync" or None), "ops" ([{"opcode", "shape", "a_type", "count"}]), "fp8_to_f16"
     (the number of `cvt.rn.f16x2.e4m3x2`), "cvt_first" (one comes before the first
     matrix instruction), "wgmma_waits" (the distinct N of `wgmma.wait_group N`),
-    "first_line" (the first matrix instruction's index in ptx's lines, or None)."""
+    "first_line" (the first matrix instruction's index in ptx's lines, or None) and
+    "conversions" (how often each of CONVERSIONS appears)."""
     lines = ptx.splitlines()
     counts, first = {}, None
     for i, line in enumerate(lines):
@@ -250,7 +255,7 @@ def matrix_instructions(ptx: str) -> dict:
             "ops": ops, "fp8_to_f16": len(cvt),
             "cvt_first": bool(cvt) and first is not None and cvt[0] < first,
             "wgmma_waits": sorted({int(n) for n in _WAIT.findall(ptx)}),
-            "first_line": first}
+            "first_line": first, "conversions": {c: ptx.count(c) for c in CONVERSIONS}}
 
 
 _ALLOC = re.compile(r"%([A-Za-z]\w*?)(?:_\d+)? = ttg\.local_alloc\s*:\s*\(\)\s*->\s*"
@@ -388,10 +393,12 @@ def _m_ranges(ms: list[int], order: list[int]) -> str:
 
 
 def _tile(constexprs: dict) -> str:
-    dims = [constexprs[k] for k in ("BLOCK_M", "BLOCK_N", "BLOCK_K") if k in constexprs]
-    if dims:
-        return "x".join(map(str, dims))
-    return " ".join(f"{k} {v}" for k, v in constexprs.items() if k.startswith("BLOCK"))
+    "A GEMM's BLOCK_M x BLOCK_N x BLOCK_K, else the kernel's block sizes by name."
+    dims = ("BLOCK_M", "BLOCK_N", "BLOCK_K")
+    if all(k in constexprs for k in dims):
+        return "x".join(str(constexprs[k]) for k in dims)
+    return " ".join(f"{k} {v}" for k, v in constexprs.items()
+                    if k.startswith("BLOCK") or k == "GROUP")
 
 
 def table_rows(report: dict) -> list[dict]:
@@ -415,6 +422,7 @@ def table_rows(report: dict) -> list[dict]:
             "warps": v["num_warps"], "stages": v["num_stages"],
             "smem KB": f"{v['shared'] / 1024:g}", "regs": v["registers"],
             "spills": f"{v['spill_stores']}/{v['spill_loads']}",
+            "wait": ",".join(map(str, v["matrix"]["wgmma_waits"])) or "-",
             "matrix instruction": matrix_summary(v["matrix"])})
     return rows
 

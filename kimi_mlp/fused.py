@@ -4,79 +4,116 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from . import kernels  # imported first: turns on TRITON_INTERPRET when there is no GPU
+from . import kernels  # imported first: turns on TRITON_INTERPRET without a GPU
 from .block import ResidualBlock
 from .fp8 import FP8_DTYPE, Fp8DenseMLP, quantize_weight_blockwise
 from .rmsnorm import RMSNorm, rms_norm
 
 # %% auto #0
-__all__ = ['ffn_tensors', 'fused_ffn_block', 'FusedFp8DenseMLP', 'deepgemm_measure', 'random_dense_block', 'fused_launch_costs',
-           'unfused_launch_costs', 'launch_floor_s']
+__all__ = ['SCRATCH_MAX_M', 'FfnTensors', 'ffn_tensors', 'fused_ffn_block', 'FusedFp8DenseMLP', 'deepgemm_measure',
+           'random_dense_block', 'fused_launch_costs', 'unfused_launch_costs', 'launch_floor_s']
 
 # %% ../book/08_fused_mlp.ipynb #0d2c1f39
+@dataclass(frozen=True)
+class FfnTensors:
+    """The tensors the fused FFN half reads, checked once by `ffn_tensors`, not copied.
+
+    The one place where the checkpoint's names meet the kernels' arguments:
+    `norm_weight` is `post_attention_layernorm.weight` [d] (bf16) and `eps` its epsilon;
+    `gate`, `up`, `down` are `mlp.gate_proj.weight`, `mlp.up_proj.weight` [F, d] and
+    `mlp.down_proj.weight` [d, F] (float8_e4m3fn); each `*_scale` is the matching
+    `weight_scale_inv` (float32, one per 128 x 128 block)."""
+    norm_weight: torch.Tensor
+    eps: float
+    gate: torch.Tensor
+    gate_scale: torch.Tensor
+    up: torch.Tensor
+    up_scale: torch.Tensor
+    down: torch.Tensor
+    down_scale: torch.Tensor
+
+    @property
+    def hidden_size(self) -> int:
+        return self.norm_weight.shape[0]
+
+    @property
+    def intermediate_size(self) -> int:
+        return self.gate.shape[0]
+
+# %% ../book/08_fused_mlp.ipynb #7c6a1d2e
 def _computes_rms_norm(norm: nn.Module, gain: torch.Tensor, eps: float) -> bool:
     "Whether `norm` gives `rms_norm(x, gain, eps)` bit for bit on a seeded bf16 probe."
     g = torch.Generator(device=gain.device).manual_seed(0)
-    x = torch.randn(4, gain.shape[0], generator=g, device=gain.device).to(torch.bfloat16)
+    x = torch.randn(4, gain.shape[0], generator=g, device=gain.device)
+    x = x.to(torch.bfloat16)
     with torch.no_grad():
         y = norm(x)
     return (isinstance(y, torch.Tensor) and y.shape == x.shape
             and torch.equal(y, rms_norm(x, gain, eps)))
 
 
-def ffn_tensors(block: nn.Module) -> dict:
-    """The tensors the fused FFN half reads from `block`, checked, not copied.
-
-    block: a `ResidualBlock` (or `FusedFp8DenseMLP`) whose `post_attention_layernorm` has `weight`
-    [d] and `eps`, and whose `mlp` is an `Fp8DenseMLP` with block_size (128, 128): gate_proj and
-    up_proj `weight` [F, d] float8_e4m3fn with `weight_scale_inv` [ceil(F/128), ceil(d/128)] float32,
-    down_proj `weight` [d, F] with `weight_scale_inv` [ceil(d/128), ceil(F/128)].
-    Returns a dict keyed like the checkpoint (`post_attention_layernorm.weight`,
-    `gate_proj.weight`, `gate_proj.weight_scale_inv`, ...) plus `eps`, `hidden_size`,
-    `intermediate_size`.
-    """
-    norm, mlp = getattr(block, "post_attention_layernorm", None), getattr(block, "mlp", None)
-    if not isinstance(norm, nn.Module) or not isinstance(mlp, nn.Module):
-        raise TypeError("block: expected a ResidualBlock with post_attention_layernorm and mlp modules "
-                        f"(what load_dense_block returns), got {type(block).__name__}")
-    if not isinstance(mlp, Fp8DenseMLP):
-        raise TypeError(f"block.mlp: expected an Fp8DenseMLP (FP8 weights with block scales), "
-                        f"got {type(mlp).__name__}")
-    if tuple(mlp.block_size) != (128, 128):
-        raise ValueError(f"block.mlp.block_size: expected (128, 128), got {tuple(mlp.block_size)}")
+def _checked_norm(norm: nn.Module) -> tuple[torch.Tensor, float]:
+    "The gain and eps of `block.post_attention_layernorm`, which must compute rms_norm."
     gain = getattr(norm, "weight", None)
-    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))   # ours, transformers'
+    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))  # ours, HF's
     if not isinstance(gain, torch.Tensor) or gain.dim() != 1:
-        shape = list(gain.shape) if isinstance(gain, torch.Tensor) else type(gain).__name__
-        raise ValueError(f"block.post_attention_layernorm.weight: expected a 1-d gain [d], got {shape}")
+        got = list(gain.shape) if torch.is_tensor(gain) else type(gain).__name__
+        raise ValueError("block.post_attention_layernorm.weight: expected a 1-d gain "
+                         f"[d], got {got}")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"block.post_attention_layernorm.eps: expected a number >= 0, got {eps!r}")
+        raise ValueError(f"block.post_attention_layernorm.eps: expected a number >= 0, "
+                         f"got {eps!r}")
     if not isinstance(norm, RMSNorm) and not _computes_rms_norm(norm, gain, float(eps)):
-        raise TypeError("block.post_attention_layernorm: expected kimi_mlp's RMSNorm (or a module "
-                        "whose output is rms_norm's, bit for bit, which the kernels compute), got "
+        raise TypeError("block.post_attention_layernorm: expected kimi_mlp's RMSNorm "
+                        "(or a module whose output is rms_norm's, bit for bit, which "
+                        "the kernels compute), got "
                         f"{type(norm).__name__}, whose output differs")
-    d = gain.shape[0]
-    f = mlp.gate_proj.weight.shape[0]
-    t = {"post_attention_layernorm.weight": gain, "eps": float(eps), "hidden_size": d,
-         "intermediate_size": f}
-    for name, shape in (("gate_proj", (f, d)), ("up_proj", (f, d)), ("down_proj", (d, f))):
+    return gain, float(eps)
+
+# %% ../book/08_fused_mlp.ipynb #2f4e8b90
+def ffn_tensors(block: nn.Module) -> FfnTensors:
+    """The tensors the fused FFN half reads from `block`, checked without reading their
+    data: a `ResidualBlock` (or `FusedFp8DenseMLP`) whose `post_attention_layernorm`
+    computes rms_norm and whose `mlp` is an `Fp8DenseMLP` with 128 x 128 blocks."""
+    norm = getattr(block, "post_attention_layernorm", None)
+    mlp = getattr(block, "mlp", None)
+    if not isinstance(norm, nn.Module) or not isinstance(mlp, nn.Module):
+        raise TypeError("block: expected a ResidualBlock with post_attention_layernorm "
+                        "and mlp modules (what load_dense_block returns), got "
+                        f"{type(block).__name__}")
+    if not isinstance(mlp, Fp8DenseMLP):
+        raise TypeError(f"block.mlp: expected an Fp8DenseMLP (FP8 weights with block "
+                        f"scales), got {type(mlp).__name__}")
+    if tuple(mlp.block_size) != (128, 128):
+        raise ValueError(f"block.mlp.block_size: expected (128, 128), got "
+                         f"{tuple(mlp.block_size)}")
+    gain, eps = _checked_norm(norm)
+    d, f = gain.shape[0], mlp.gate_proj.weight.shape[0]
+    found = {}
+    shapes = {"gate_proj": (f, d), "up_proj": (f, d), "down_proj": (d, f)}
+    for name, shape in shapes.items():
         w, s = getattr(mlp, name).weight, getattr(mlp, name).weight_scale_inv
         scales = (math.ceil(shape[0] / 128), math.ceil(shape[1] / 128))
         if w.dtype != FP8_DTYPE or tuple(w.shape) != shape:
-            raise ValueError(f"block.mlp.{name}.weight: expected {list(shape)} torch.float8_e4m3fn "
-                             f"(hidden_size {d}, intermediate_size {f}), got {list(w.shape)} {w.dtype}")
+            raise ValueError(f"block.mlp.{name}.weight: expected {list(shape)} "
+                             f"torch.float8_e4m3fn (hidden_size {d}, intermediate_size "
+                             f"{f}), got {list(w.shape)} {w.dtype}")
         if s.dtype != torch.float32 or tuple(s.shape) != scales:
-            raise ValueError(f"block.mlp.{name}.weight_scale_inv: expected {list(scales)} torch.float32, "
-                             f"got {list(s.shape)} {s.dtype}")
+            raise ValueError(f"block.mlp.{name}.weight_scale_inv: expected "
+                             f"{list(scales)} torch.float32, got {list(s.shape)} "
+                             f"{s.dtype}")
         if w.device != gain.device or s.device != gain.device:
-            raise ValueError(f"block.mlp.{name}: expected its tensors on {gain.device} (the norm gain's "
-                             f"device), got weight on {w.device}, weight_scale_inv on {s.device}")
-        t[f"{name}.weight"], t[f"{name}.weight_scale_inv"] = w, s
-    return t
+            raise ValueError(f"block.mlp.{name}: expected its tensors on {gain.device} "
+                             f"(the norm gain's device), got weight on {w.device}, "
+                             f"weight_scale_inv on {s.device}")
+        found[name] = (w, s)
+    return FfnTensors(gain, eps, *found["gate_proj"], *found["up_proj"],
+                      *found["down_proj"])
 
 # %% ../book/08_fused_mlp.ipynb #bedc3035
 def _check_hidden(h, d: int, device: torch.device) -> None:
@@ -84,72 +121,179 @@ def _check_hidden(h, d: int, device: torch.device) -> None:
     if not isinstance(h, torch.Tensor):
         raise TypeError(f"h: expected a torch.Tensor, got {type(h).__name__}")
     if h.dtype != torch.bfloat16:
-        raise ValueError(f"h: expected torch.bfloat16 (the residual stream's dtype), got {h.dtype}")
+        raise ValueError(f"h: expected torch.bfloat16 (the residual stream's dtype), "
+                         f"got {h.dtype}")
     if h.dim() not in (2, 3) or h.shape[-1] != d:
-        raise ValueError(f"h: expected [B, T, {d}] or [M, {d}] (hidden_size {d}), got shape {list(h.shape)}")
+        raise ValueError(f"h: expected [B, T, {d}] or [M, {d}] (hidden_size {d}), got "
+                         f"shape {list(h.shape)}")
     if h.device != device:
-        raise ValueError(f"h: expected a tensor on {device} (the weights' device), got {h.device}")
+        raise ValueError(f"h: expected a tensor on {device} (the weights' device), got "
+                         f"{h.device}")
     if h.requires_grad and torch.is_grad_enabled():
-        raise ValueError("h: expected no autograd (the fused kernels have no backward), got a tensor that "
-                         "requires grad; call under torch.no_grad() or pass h.detach()")
+        raise ValueError("h: expected no autograd (the fused kernels have no "
+                         "backward), got a tensor that requires grad; call under "
+                         "torch.no_grad() or pass h.detach()")
 
 
 def fused_ffn_block(h: torch.Tensor, block: nn.Module) -> torch.Tensor:
-    """The FFN half of a Kimi K2 dense block, `h + mlp(post_attention_layernorm(h))`, in three launches.
+    """The FFN half of a Kimi K2 dense block, `h + mlp(post_attention_layernorm(h))`.
 
     h: [B, T, d] or [M, d] bf16 (d = 7168 in Kimi K2) on the block's device; block: what
-    `load_dense_block` returns (see `ffn_tensors`). Returns a new tensor of h's shape, bf16.
-    Launches: `rmsnorm_quant` -> `fp8_gate_up_swiglu_quant` -> `fp8_down_residual` (chapter 7).
-    Numerics: those of `Fp8DenseMLP` in mode "w8a8" (per-token 1x128 e4m3 activations, 128x128
-    weight blocks, float32 accumulation), rounded like it: the MLP output to bf16, then `h + y` to bf16.
-    """
-    t = ffn_tensors(block)
-    d = t["hidden_size"]
-    _check_hidden(h, d, t["post_attention_layernorm.weight"].device)
-    rows = h.reshape(-1, d)
-    if rows.shape[0] == 0:
-        return h.clone()
-    f = t["intermediate_size"]                                         # all guards before launch 1
-    kernels._check_offsets("h", f"[{rows.shape[0]}, {d}] through the intermediate [M, {f}]",
-                           rows.shape[0] * max(d, f))
-    rows = rows.contiguous()                                           # [M, d] bf16
-    x_fp8, x_scale = kernels.rmsnorm_quant(rows, t["post_attention_layernorm.weight"], t["eps"])
-    a_fp8, a_scale = kernels.fp8_gate_up_swiglu_quant(
-        x_fp8, x_scale, t["gate_proj.weight"], t["gate_proj.weight_scale_inv"],
-        t["up_proj.weight"], t["up_proj.weight_scale_inv"])            # [M, F] e4m3, [M, F/128] f32
-    out = kernels.fp8_down_residual(a_fp8, a_scale, t["down_proj.weight"],
-                                    t["down_proj.weight_scale_inv"], rows)   # [M, d] bf16
-    return out.reshape(h.shape)
+    `load_dense_block` returns (see `ffn_tensors`), or a `FusedFp8DenseMLP`. Returns a
+    new tensor of h's shape, bf16. Launches: `rmsnorm_quant`, then
+    `fp8_gate_up_swiglu_quant`, then `fp8_down_residual` (chapter 7). Numerics: those of
+    `Fp8DenseMLP` in mode "w8a8" (per-token 1 x 128 e4m3 activations, 128 x 128 weight
+    blocks, float32 accumulation), rounded like it: the MLP output to bf16, then `h + y`
+    to bf16. Called with a block, it checks the block on every call; a
+    `FusedFp8DenseMLP` checks it once."""
+    fused = block if isinstance(block, FusedFp8DenseMLP) else FusedFp8DenseMLP(block)
+    return fused(h)
+
+# %% ../book/08_fused_mlp.ipynb #5d0b3c62
+def _scratch(m: int, d: int, f: int, plans, device) -> tuple:
+    """The intermediates of one call for m tokens: x (e4m3, and its bytes as the kernels
+    write them), its scales, the same for the gated product a, and the split-K partials
+    of each GEMM (None with one slice)."""
+    empty = lambda *shape, dtype=torch.float32: torch.empty(*shape, dtype=dtype,
+                                                            device=device)
+    x, a = empty(m, d, dtype=FP8_DTYPE), empty(m, f, dtype=FP8_DTYPE)
+    (gu, dn), cols = plans, lambda n: -(-n // 128)
+    part_gu = empty(gu["split_k"], 2, m, f) if gu["split_k"] > 1 else None
+    part_dn = empty(dn["split_k"], m, d) if dn["split_k"] > 1 else None
+    return (x, x.view(torch.uint8), empty(m, cols(d)), a, a.view(torch.uint8),
+            empty(m, cols(f)), part_gu, part_dn)
+
+
+def _ffn_launches(rows, t: FfnTensors, weights, plans, scratch):
+    """The launches of the FFN half on contiguous [M, d] bf16 rows, no checks: t the
+    block's tensors, weights (gate, up, down) as the kernels read them
+    (`kernels._weight_operands`), plans the two GEMMs' (`kernels._plan_for`), scratch
+    the intermediates (`_scratch`). Returns a new [M, d] bf16 tensor."""
+    x, x_codes, x_scale, a, a_codes, a_scale, part_gu, part_dn = scratch
+    (gate, up, down), (plan_gu, plan_dn) = weights, plans
+    kernels._launch_rmsnorm_quant(rows, t.norm_weight, t.eps, x_codes, x_scale)   # 1
+    kernels._launch_gate_up(x, x_scale, gate, t.gate_scale, up, t.up_scale,      # 2
+                            a_codes, a_scale, None, plan_gu, part_gu)
+    out = torch.empty_like(rows)
+    return kernels._launch_gemm(a, a_scale, down, t.down_scale, out, rows,        # 3
+                                plan_dn, part_dn)
 
 # %% ../book/08_fused_mlp.ipynb #0d77f80e
-class FusedFp8DenseMLP(nn.Module):
-    """The FFN half of Kimi K2's dense block in three fused Triton launches (see `fused_ffn_block`).
+#: Up to this many tokens, FusedFp8DenseMLP keeps plans and intermediates between calls.
+SCRATCH_MAX_M = 256
 
-    Built from a `ResidualBlock(RMSNorm, Fp8DenseMLP)` as `load_dense_block` returns it; shares that
-    block's `post_attention_layernorm` and `mlp` (no copies), so the state_dict keys are the
-    checkpoint's (`post_attention_layernorm.weight`, `mlp.gate_proj.weight`, ...).
-    forward(h: [B, T, d] or [M, d] bf16) -> same shape, bf16: `h + mlp(post_attention_layernorm(h))`.
-    """
+
+class _CheckedOnce(nn.Module):
+    """What `FusedFp8DenseMLP` keeps between calls: the tensors, checked (`_t`), the
+    weights as the kernels read them (`_weights`: TMA descriptors, built once), and per
+    token count the plans and intermediates (`_per_m`) and CUDA graphs (`_graphs`)."""
+
+    def _bind(self):
+        "Check the tensors and cache what every call reads; drop what was kept."
+        self._t = t = ffn_tensors(self)
+        self.hidden_size, self.intermediate_size = t.hidden_size, t.intermediate_size
+        self._weights = (*kernels._weight_operands(t.gate, t.up),
+                         *kernels._weight_operands(t.down))
+        self._graphs, self._per_m = {}, {}
+
+    def _apply(self, fn, *args, **kwargs):                   # .to(), .cuda(), ...
+        super()._apply(fn, *args, **kwargs)
+        self._bind()
+        return self
+
+    def _prepare(self, m: int, keep: bool = True):
+        """The GEMMs' plans and the intermediates for m tokens, every guard checked
+        before the first launch; kept for the next call when m <= SCRATCH_MAX_M
+        (decode sizes: calls must then come one at a time, on one CUDA stream, as in
+        serving)."""
+        d, f, dev = self.hidden_size, self.intermediate_size, self._t.norm_weight.device
+        if m * max(d, f) >= 2**31:
+            kernels._check_offsets("h", f"[{m}, {d}] through the intermediate [M, {f}]",
+                                   m * max(d, f))
+        plans = (kernels._plan_for("gate_up", m, f, d, dev),
+                 kernels._plan_for("down", m, d, f, dev))
+        entry = plans, _scratch(m, d, f, plans, dev)
+        if keep and m <= SCRATCH_MAX_M:
+            self._per_m[m] = entry
+        return entry
+
+# %% ../book/08_fused_mlp.ipynb #6e2f9b48
+class FusedFp8DenseMLP(_CheckedOnce):
+    """The FFN half of Kimi K2's dense block in fused Triton launches: the module form
+    of `fused_ffn_block`. Built from a `ResidualBlock(RMSNorm, Fp8DenseMLP)` as
+    `load_dense_block` returns it; shares that block's `post_attention_layernorm` and
+    `mlp` (no copies), so the state_dict keys are the checkpoint's. Checks the tensors
+    once; forward(h: [B, T, d] or [M, d] bf16) checks only h and launches."""
 
     def __init__(self, block: nn.Module):
         super().__init__()
-        t = ffn_tensors(block)
+        ffn_tensors(block)                                   # refuse a bad block first
         self.post_attention_layernorm = block.post_attention_layernorm
         self.mlp = block.mlp
-        self.hidden_size, self.intermediate_size = t["hidden_size"], t["intermediate_size"]
         self.config = getattr(block, "config", None)
+        self._bind()
+        self.register_load_state_dict_post_hook(lambda module, keys: module._bind())
 
     @classmethod
-    def from_checkpoint(cls, checkpoint_dir, layer: int = 0, device="cpu") -> "FusedFp8DenseMLP":
+    def from_checkpoint(cls, checkpoint_dir, layer: int = 0, device="cpu"):
         "Load dense layer `layer` with `load_dense_block` (chapter 6) and wrap it."
         from kimi_mlp.checkpoint import load_dense_block
         return cls(load_dense_block(checkpoint_dir, layer=layer, device=device))
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return fused_ffn_block(h, self)
+        d = self.hidden_size
+        _check_hidden(h, d, self._t.norm_weight.device)
+        rows = h if h.dim() == 2 else h.reshape(-1, d)
+        m = rows.shape[0]
+        if m == 0:
+            return h.clone()
+        if m in self._graphs:
+            return _replay(self._graphs[m], rows).view(h.shape)
+        plans, scratch = self._per_m.get(m) or self._prepare(m)
+        out = _ffn_launches(rows.contiguous(), self._t, self._weights, plans, scratch)
+        return out if h.dim() == 2 else out.view(h.shape)
+
+    def capture_graphs(self, ms=(1, 2, 4, 8, 16, 32, 64)) -> "FusedFp8DenseMLP":
+        "A CUDA graph per token count in `ms`; forward replays them (see `_capture`)."
+        self._graphs.update({m: _capture(self, m) for m in ms})
+        return self
 
     def extra_repr(self) -> str:
-        return f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, launches=3"
+        return (f"hidden_size={self.hidden_size}, "
+                f"intermediate_size={self.intermediate_size}, launches=3")
+
+# %% ../book/08_fused_mlp.ipynb #9e5c7f13
+def _capture(module: FusedFp8DenseMLP, m: int) -> tuple:
+    """A CUDA graph of `module`'s launches for m tokens, with its static input and
+    output ([m, d] bf16): compiled and run once on a side stream first, as PyTorch asks
+    (`torch.cuda.graphs`), then captured."""
+    if module._t.norm_weight.device.type != "cuda" or kernels.INTERPRETED:
+        raise RuntimeError("capture_graphs: expected the block on a CUDA device with "
+                           f"compiled kernels, got {module._t.norm_weight.device} "
+                           f"(interpreter {'on' if kernels.INTERPRETED else 'off'})")
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise ValueError(f"ms: expected positive ints, got {m!r}")
+    dev = module._t.norm_weight.device
+    static_in = torch.zeros(m, module.hidden_size, dtype=torch.bfloat16, device=dev)
+    plans, scratch = module._prepare(m, keep=False)     # the graph's own intermediates
+    run = lambda: _ffn_launches(static_in, module._t, module._weights, plans, scratch)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = run()
+    return graph, static_in, static_out
+
+
+def _replay(captured: tuple, rows: torch.Tensor) -> torch.Tensor:
+    "Copy rows into the graph's input, replay it, return a copy of its output."
+    graph, static_in, static_out = captured
+    static_in.copy_(rows)
+    graph.replay()
+    return static_out.clone()
 
 # %% ../book/08_fused_mlp.ipynb #396fb21c
 from .checkpoint import relative_error  # chapter 6: ||y - ref|| / ||ref||, in float64

@@ -20,23 +20,25 @@ from .bench import (BENCH_M, HIDDEN, INTERMEDIATE, ffn_flop, ffn_min_bytes,
                             roofline_floor_s, timings)
 from .checkpoint import relative_error
 from .fp8 import quantize_activation
-from .fused import (deepgemm_measure, ffn_tensors, fused_ffn_block, fused_launch_costs,
-                            launch_floor_s, random_dense_block)
-from .measure import (_parse_m, dequantized_weights, environment, measure_ceilings,
-                              median_ms, time_ms, torch_bf16_ffn)
+from .fp8 import quantize_weight_blockwise
+from .fused import (FfnTensors, FusedFp8DenseMLP, deepgemm_measure, ffn_tensors,
+                            fused_launch_costs, launch_floor_s, random_dense_block)
+from .measure import (TILES_SCHEMA, _parse_m, dequantized_weights, environment,
+                              load_tiles, measure_ceilings, median_ms, tiles_file_name,
+                              time_ms, torch_bf16_ffn)
 
 # %% auto #0
-__all__ = ['PROVIDERS', 'SMOKE_SHAPES', 'SMOKE_M', 'BENCH_BOUNDS', 'BENCH_SCHEMA', 'unfused_w8a8_ffn', 'pad_rows',
-           'scaled_mm_blockwise', 'probe_scaled_mm', 'make_providers', 'check_output', 'fused_launches', 'bench',
-           'write_record', 'add_bench_arguments', 'run_bench', 'main', 'validate_record', 'load_record',
+__all__ = ['PROVIDERS', 'SMOKE_SHAPES', 'SMOKE_M', 'BENCH_BOUNDS', 'BENCH_SCHEMA', 'TUNE_SHAPES', 'TUNE_M', 'unfused_w8a8_ffn',
+           'pad_rows', 'scaled_mm_blockwise', 'probe_scaled_mm', 'make_providers', 'check_output', 'fused_launches',
+           'bench', 'write_record', 'add_bench_arguments', 'run_bench', 'main', 'validate_record', 'load_record',
            'find_measurements', 'plot_floors', 'plot_time', 'plot_bandwidth', 'plot_tflops', 'plot_speedup',
-           'launch_breakdown', 'plot_launches']
+           'launch_breakdown', 'plot_launches', 'tile_candidates', 'tune_bucket', 'tune', 'tune_main']
 
 # %% ../book/appendix_e_harness.ipynb #e23fa8c6
 PROVIDERS = {
     "torch_bf16": "torch bf16, dequantized weights (cuBLAS)",
     "unfused_w8a8": "unfused W8A8, one launch per step (our fp8_gemm)",
-    "fused": "fused Triton, 3 launches (chapter 8)",
+    "fused": "fused Triton, FusedFp8DenseMLP (chapter 8)",
     "scaled_mm": "unfused W8A8 with torch._scaled_mm block-scaled (cuBLAS)",
 }
 SMOKE_SHAPES = (320, 704)                                          # hidden, intermediate for --cpu-smoke
@@ -53,16 +55,17 @@ def _act_quant():
                                  "(torch, several launches: no Triton act_quant)")
 
 
-def unfused_w8a8_ffn(h: torch.Tensor, t: dict, act_quant=quantize_activation, gemm=None) -> torch.Tensor:
-    """The FFN half as DeepSeek's reference structures it, one launch per step, bf16 between steps.
-    h: [M, d] bf16; t: `ffn_tensors(block)`; `gemm(a_fp8, a_scale, w_fp8, w_scale) -> [M, N] bf16`
-    (default chapter 7's `fp8_gemm`). Returns [M, d] bf16."""
+def unfused_w8a8_ffn(h: torch.Tensor, t: FfnTensors, act_quant=quantize_activation,
+                     gemm=None) -> torch.Tensor:
+    """The FFN half as DeepSeek's reference structures it, one launch per step, bf16
+    between steps. h: [M, d] bf16; t: `ffn_tensors(block)`; `gemm(a_fp8, a_scale, w_fp8,
+    w_scale) -> [M, N] bf16` (default chapter 7's `fp8_gemm`). Returns [M, d] bf16."""
     gemm = gemm or kernels.fp8_gemm
-    x, xs = kernels.rmsnorm_quant(h, t["post_attention_layernorm.weight"], t["eps"])
-    g = gemm(x, xs, t["gate_proj.weight"], t["gate_proj.weight_scale_inv"])
-    u = gemm(x, xs, t["up_proj.weight"], t["up_proj.weight_scale_inv"])
+    x, xs = kernels.rmsnorm_quant(h, t.norm_weight, t.eps)
+    g = gemm(x, xs, t.gate, t.gate_scale)
+    u = gemm(x, xs, t.up, t.up_scale)
     a, a_s = act_quant(F.silu(g) * u)
-    return h + gemm(a, a_s, t["down_proj.weight"], t["down_proj.weight_scale_inv"])
+    return h + gemm(a, a_s, t.down, t.down_scale)
 
 
 def pad_rows(a_fp8: torch.Tensor, a_scale: torch.Tensor, multiple: int = 4):
@@ -117,7 +120,7 @@ def make_providers(block, names=tuple(PROVIDERS), w_bf16: dict | None = None) ->
     """{name: {"fn": h -> out, "label", "available", "reason"}} for the providers in `names`.
     h: [M, d] bf16 on the block's device."""
     t = ffn_tensors(block)
-    device = t["post_attention_layernorm.weight"].device
+    device = t.norm_weight.device
     act_quant, act_desc = _act_quant()
     out = {}
     for name in names:
@@ -131,7 +134,7 @@ def make_providers(block, names=tuple(PROVIDERS), w_bf16: dict | None = None) ->
             p["fn"] = lambda h: unfused_w8a8_ffn(h, t, act_quant)
             p["act_quant"] = act_desc
         elif name == "fused":
-            p["fn"] = lambda h: fused_ffn_block(h, block)
+            p["fn"] = FusedFp8DenseMLP(block)          # checked once, launched thin
         else:
             p["reason"] = probe_scaled_mm(device)
             p["available"] = p["reason"] is None
@@ -163,10 +166,8 @@ def fused_launches(block, h: torch.Tensor) -> dict:
     """The fused block's three launches as separate zero-argument calls on inputs prepared from h
     ([M, d] bf16), keyed like `fused_launch_costs`: timing each one shows where the time goes."""
     t = ffn_tensors(block)
-    gain, eps = t["post_attention_layernorm.weight"], t["eps"]
-    gate = (t["gate_proj.weight"], t["gate_proj.weight_scale_inv"],
-            t["up_proj.weight"], t["up_proj.weight_scale_inv"])
-    down = (t["down_proj.weight"], t["down_proj.weight_scale_inv"])
+    gain, eps = t.norm_weight, t.eps
+    gate, down = (t.gate, t.gate_scale, t.up, t.up_scale), (t.down, t.down_scale)
     x, xs = kernels.rmsnorm_quant(h, gain, eps)
     a, a_s = kernels.fp8_gate_up_swiglu_quant(x, xs, *gate)
     return {"rmsnorm_quant": lambda: kernels.rmsnorm_quant(h, gain, eps),
@@ -174,15 +175,14 @@ def fused_launches(block, h: torch.Tensor) -> dict:
             "fp8_down_residual": lambda: kernels.fp8_down_residual(a, a_s, *down, h)}
 
 
-def _kernel_choices(m: int, d: int, f: int) -> dict:
-    "The tile rule's choices (chapter 7) for m tokens, recorded beside the timings."
-    choice = {}
-    if hasattr(kernels, "gemm_config"):
-        choice["gemm_config"] = kernels.gemm_config(m)
-    if hasattr(kernels, "default_split_k") and torch.cuda.is_available():
-        choice["split_k_gate_up_gemm"] = kernels.default_split_k(m, f, d)
-        choice["split_k_down_gemm"] = kernels.default_split_k(m, d, f)
-    return choice
+def _kernel_choices(m: int, d: int, f: int, device) -> dict:
+    """The plans (chapter 7's `plan_gemm`, with this GPU's SM count and measured table)
+    the fused block launches for m tokens, recorded beside the timings."""
+    device = torch.device(device)
+    plans = {"gate_up": kernels._plan_for("gate_up", m, f, d, device),
+             "down": kernels._plan_for("down", m, d, f, device)}
+    return {kind: {key: v for key, v in p.items() if key != "meta"}
+            for kind, p in plans.items()}
 
 
 def _reason(e: BaseException) -> str:
@@ -252,7 +252,7 @@ def bench(ms=None, providers=tuple(PROVIDERS), *, cpu_smoke: bool = False, hidde
             record["not_run_m"] = list(ms[i:])
             log(f"time budget of {budget_s:.0f} s spent: M {list(ms[i:])} not run")
             break
-        record["kernel_choices"][str(m)] = _kernel_choices(m, d, f)
+        record["kernel_choices"][str(m)] = _kernel_choices(m, d, f, device)
         gen = torch.Generator(device=device).manual_seed(seed * 100_003 + 7 * i + 1)
         h = torch.randn(m, d, generator=gen, device=device).to(torch.bfloat16)
         cells = []
@@ -599,3 +599,155 @@ def plot_launches(record: dict, ax=None, ceilings: dict | None = None):
     ax.axhline(1.0, color="k", lw=0.8)
     return _finish(ax, xscale="log", yscale="log", xlabel="tokens M", ylabel="time / floor",
                    title=_title(record, "fused launches against their floors"))
+
+# %% ../book/appendix_e_harness.ipynb #5c3e8a71
+#: The GEMMs `tune` times, kind -> (N, K), and the M each bucket of GEMM_TILES is timed
+#: at (its largest; 4096 for the last).
+TUNE_SHAPES = {"gate_up": (INTERMEDIATE, HIDDEN), "gemm": (HIDDEN, INTERMEDIATE)}
+TUNE_M = {16: 16, 32: 32, 64: 64, 256: 256, None: 4096}
+
+
+def tile_candidates(kind: str, bound) -> list[dict]:
+    """The rows `tune` times for one bucket of GEMM_TILES: the table's own first, then
+    one step from it (warps 4 <-> 8, one pipeline stage more or fewer, the activation's
+    TMA flipped, the token tile doubled or halved) and, at decode (SWAP), the split
+    forced to 1, 2, 4, 8 or 16 slices. Deduplicated, in that order."""
+    base = dict(next(row for b, row in kernels.GEMM_TILES[kind] if b == bound))
+    bm, stages = base["BLOCK_M"], base["num_stages"]
+    steps = [dict(num_warps=12 - base["num_warps"]), dict(num_stages=stages + 1),
+             dict(num_stages=max(2, stages - 1)), dict(TMA_A=not base["TMA_A"]),
+             dict(BLOCK_M=min(bm * 2, 64 if base["SWAP"] else 128)),
+             dict(BLOCK_M=max(bm // 2, 16 if base["SWAP"] else 64))]
+    splits = [dict(split_k=s) for s in (1, 2, 4, 8, 16)] if base["SWAP"] else []
+    out = []
+    for change in [{}, *steps, *splits]:
+        row = dict(base, **change)
+        if row not in out:
+            out.append(row)
+    return out
+
+# %% ../book/appendix_e_harness.ipynb #2d7f4b9a
+def _tune_operands(kind: str, m: int, n: int, k: int, device) -> tuple:
+    "Random operands of one GEMM: x [m, k] e4m3 and scales, one or two weights [n, k]."
+    gen = torch.Generator(device=device).manual_seed(m * 7 + n)
+    x = quantize_activation(torch.randn(m, k, generator=gen, device=device))
+    ws = [quantize_weight_blockwise(torch.randn(n, k, generator=gen, device=device)
+                                    * k ** -0.5)
+          for _ in range(2 if kind == "gate_up" else 1)]
+    return x, ws
+
+
+def _tune_launch(kind: str, x, ws, row: dict, sms: int):
+    """A zero-argument call that launches one GEMM with tile row `row` (its `split_k`,
+    if any, forced), and the output it writes: bf16 [m, n], or the gated product's e4m3
+    codes and scales."""
+    (a, a_s), (m, k), n = x, x[0].shape, ws[0][0].shape[0]
+    table = {("gate_up" if kind == "gate_up" else "gemm", n, k): ((None, row),)}
+    plan = kernels._with_meta(kernels.plan_gemm(kind, m, n, k, sms, row.get("split_k"),
+                                                tiles=table))
+    weights = kernels._weight_operands(*(w for w, _ in ws))
+    if kind == "gate_up":
+        q = torch.empty(m, n, dtype=torch.float8_e4m3fn, device=a.device)
+        s = torch.empty(m, -(-n // 128), device=a.device)
+        codes = q.view(torch.uint8)
+        run = lambda: kernels._launch_gate_up(a, a_s, weights[0], ws[0][1], weights[1],
+                                              ws[1][1], codes, s, None, plan)
+        return run, (q, s)
+    out = torch.empty(m, n, dtype=torch.bfloat16, device=a.device)
+    return (lambda: kernels._launch_gemm(a, a_s, weights[0], ws[0][1], out, None, plan),
+            (out,))
+
+# %% ../book/appendix_e_harness.ipynb #8b1d6e3f
+def _tune_error(kind: str, got: tuple, ref: tuple) -> tuple[float, float]:
+    "A candidate's output against the first candidate's: (relative error, bound)."
+    if kind == "gate_up":
+        deq = lambda q, s: q.float() * s.repeat_interleave(128, dim=1)[:, :q.shape[1]]
+        return relative_error(deq(*got), deq(*ref)), 2.0 ** -4
+    return relative_error(got[0], ref[0]), 1e-2
+
+
+def tune_bucket(kind: str, bound, device, sms: int, rep_ms: int = 50,
+                m: int | None = None, n_k: tuple | None = None, timed: bool = True,
+                log=print) -> dict:
+    """Check and time `tile_candidates(kind, bound)` at M = TUNE_M[bound] (or m) for the
+    shape TUNE_SHAPES[kind] (or n_k); returns the tile file's row for the bucket, with
+    `median_us` of the winner and `default_us` of the table's own row."""
+    n, k = n_k or TUNE_SHAPES[kind]
+    m = m or TUNE_M[bound]
+    x, ws = _tune_operands(kind, m, n, k, device)
+    best, ref, results = None, None, []
+    for row in tile_candidates(kind, bound):
+        try:
+            run, out = _tune_launch(kind, x, ws, row, sms)
+            run()                                             # compile, then check
+            ref = ref or tuple(o.clone() for o in out)
+            err, limit = _tune_error(kind, out, ref)
+            if not err <= limit:
+                raise ValueError(f"relative error {err:.1e} > {limit:.1e}")
+            t = time_ms(run, m <= 256, rep_ms=rep_ms)["median_ms"] if timed else 0.0
+            us = t * 1e3
+        except Exception as e:                            # e.g. out of shared memory
+            log(f"  {kind} M={m}: skipped {row}: {_reason(e)}")
+            continue
+        results.append(us)
+        if best is None or us < best[0]:
+            best = (us, row)
+    if best is None:
+        raise RuntimeError(f"tune: no candidate ran for {kind} at M = {m}")
+    return {"kind": "gate_up" if kind == "gate_up" else "gemm", "n": n, "k": k,
+            "m_max": bound, "m_timed": m, "tuned": True,
+            "median_us": best[0] if timed else None,
+            "default_us": results[0] if timed else None, "candidates": len(results),
+            "config": best[1]}
+
+# %% ../book/appendix_e_harness.ipynb #6a9e2c05
+def tune(budget_s: float = 900, rep_ms: int = 50, git_commit: str | None = None,
+         log=print) -> dict:
+    """The tile sweep on the current CUDA device: every bucket of both GEMMs, while the
+    budget lasts (the rest keep GEMM_TILES' rows, `"tuned": false`). Returns the tile
+    file (appendix C's schema)."""
+    device, t0, rows = torch.device("cuda"), time.perf_counter(), []
+    sms = kernels.device_sms(device)
+    for kind in TUNE_SHAPES:
+        for bound, row in kernels.GEMM_TILES[kind]:
+            if time.perf_counter() - t0 > budget_s:
+                n, k = TUNE_SHAPES[kind]
+                rows.append({"kind": kind, "n": n, "k": k, "m_max": bound,
+                             "tuned": False, "config": dict(row)})
+                continue
+            r = tune_bucket(kind, bound, device, sms, rep_ms, log=log)
+            log(f"{kind} M<={bound or 'all'}: {r['median_us']:.1f} us (table's row "
+                f"{r['default_us']:.1f} us, {r['candidates']} candidates): "
+                f"{r['config']}")
+            rows.append(r)
+    return {"schema": TILES_SCHEMA, "device": torch.cuda.get_device_name(device),
+            "sms": sms, "entry_point": "python -m kimi_mlp tune",
+            "provenance": environment(git_commit), "rows": rows,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+# %% ../book/appendix_e_harness.ipynb #0f4b7d26
+def tune_main(argv=None) -> int:
+    """`python -m kimi_mlp tune [--out FILE]`: the sweep, written where --out says
+    (default `./<device>.json`). 0 when written, 2 when refused (no GPU)."""
+    p = argparse.ArgumentParser(
+        prog="python -m kimi_mlp tune",
+        description="Time candidate tile configurations of the fused block's GEMMs on "
+                    "this GPU and write its tile table.")
+    p.add_argument("--out", type=Path, default=None,
+                   help="the JSON file to write (default ./<device>.json)")
+    p.add_argument("--budget-s", type=float, default=900,
+                   help="seconds for the sweep; later buckets keep the defaults")
+    p.add_argument("--rep-ms", type=int, default=50, help="do_bench time per candidate")
+    p.add_argument("--git-commit", default=None, help="record this commit")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available() or kernels.INTERPRETED:
+        print("tune: no CUDA device with compiled kernels. The sweep times tile "
+              "configurations on a GPU; without one the tables of chapter 7 apply.",
+              file=sys.stderr)
+        return 2
+    table = tune(args.budget_s, args.rep_ms, args.git_commit)
+    out = args.out or Path(tiles_file_name(table["device"]))
+    out.write_text(json.dumps(table, indent=1) + "\n")
+    load_tiles(out)                                       # what the kernels will read
+    print(f"wrote {out}: copy it into kimi_mlp/configs/ or set KIMI_MLP_TILES={out}")
+    return 0

@@ -37,10 +37,11 @@ def _package_dir() -> Path:
     return Path(kimi_mlp.__file__).resolve().parent
 
 # %% auto #0
-__all__ = ['FP8_TENSOR_CORES', 'GPUCHECK_BOUNDS', 'GPUCHECK_M', 'GPUCHECK_SMOKE_M', 'REPORT_NOTEBOOKS', 'BookMode', 'book_mode',
-           'poisoned_allocations', 'time_ms', 'median_ms', 'environment', 'measure_ceilings', 'load_ceilings', 'rate',
-           'dequantized_weights', 'torch_bf16_ffn', 'check_block_once', 'gpucheck_main', 'run_notebook',
-           'gpu_report_main', 'main']
+__all__ = ['FP8_TENSOR_CORES', 'GPUCHECK_BOUNDS', 'GPUCHECK_M', 'GPUCHECK_SMOKE_M', 'TILES_SCHEMA', 'TILES_ENV',
+           'REPORT_NOTEBOOKS', 'BookMode', 'book_mode', 'poisoned_allocations', 'time_ms', 'median_ms', 'environment',
+           'measure_ceilings', 'load_ceilings', 'rate', 'dequantized_weights', 'torch_bf16_ffn', 'check_block_once',
+           'native_matches_integer', 'gpucheck_main', 'launches_stubbed', 'host_time_us', 'tiles_file_name',
+           'load_tiles', 'tuned_tiles', 'run_notebook', 'gpu_report_main', 'main']
 
 # %% ../book/appendix_c_measuring.ipynb #c72171b0
 #: Compute capability from which NVIDIA GPUs have FP8 tensor cores (Ada 8.9, Hopper 9.0).
@@ -295,63 +296,67 @@ def rate(fn, bytes_moved: float = 0, flop: float = 0, ceilings: dict | None = No
     return r
 
 # %% ../book/appendix_c_measuring.ipynb #37692f1b
-def dequantized_weights(block: nn.Module, dtype=torch.bfloat16) -> dict[str, torch.Tensor]:
-    "The block's three projection weights dequantized to `dtype`, keyed gate_proj, up_proj, down_proj."
-    return {p: getattr(block.mlp, p).dequantized_weight(dtype) for p in ("gate_proj", "up_proj", "down_proj")}
+def dequantized_weights(block: nn.Module, dtype=torch.bfloat16) -> dict:
+    "The block's three projection weights dequantized to `dtype`, keyed by projection."
+    return {p: getattr(block.mlp, p).dequantized_weight(dtype)
+            for p in ("gate_proj", "up_proj", "down_proj")}
 
 
 def torch_bf16_ffn(h: torch.Tensor, block: nn.Module, w: dict) -> torch.Tensor:
-    """The FFN half in plain torch bf16 on pre-dequantized weights `w` (see `dequantized_weights`):
-    `h + down(silu(gate(x)) * up(x))` with `x = rms_norm(h)`. h: [..., d] bf16 -> [..., d] bf16."""
+    """The FFN half in plain torch bf16 on pre-dequantized weights `w` (see
+    `dequantized_weights`): `h + down(silu(gate(x)) * up(x))` with `x = rms_norm(h)`.
+    h: [..., d] bf16 -> [..., d] bf16."""
     norm = block.post_attention_layernorm
     x = rms_norm(h, norm.weight, norm.eps)
-    return h + F.linear(F.silu(F.linear(x, w["gate_proj"])) * F.linear(x, w["up_proj"]), w["down_proj"])
+    gated = F.silu(F.linear(x, w["gate_proj"])) * F.linear(x, w["up_proj"])
+    return h + F.linear(gated, w["down_proj"])
 
 
 # Bounds of the GPU check, derived (no GPU measurement of them is stored yet):
 # norm_vs_rms_norm 2^-8, the bf16 unit roundoff, for rare one-ulp flips (2^-7 each) of
-# the normalised x; fp8_gemm and block_vs_w8a8 1e-2, fp32 sums in another order seen through bf16 rounding
-# (u = 2^-8) and the odd flipped e4m3 code; swiglu_act 2^-4, one e4m3 rounding of the intermediate
-# (u = 2^-4); DeepGEMM's 1e-3 on the block output; 2^-9 on the MLP part (three e4m3 roundings).
-GPUCHECK_BOUNDS = {"norm_vs_rms_norm": 2.0 ** -8, "fp8_gemm": 1e-2, "swiglu_act": 2.0 ** -4,
-                   "block_vs_w8a8": 1e-2, "deepgemm_vs_w8a16": 1e-3, "deepgemm_mlp_part": 2.0 ** -9}
+# the normalised x; fp8_gemm and block_vs_w8a8 1e-2, fp32 sums in another order seen
+# through bf16 rounding (u = 2^-8) and the odd flipped e4m3 code; swiglu_act 2^-4, one
+# e4m3 rounding of the intermediate (u = 2^-4); DeepGEMM's 1e-3 on the block output;
+# 2^-9 on the MLP part (three e4m3 roundings).
+GPUCHECK_BOUNDS = {"norm_vs_rms_norm": 2.0 ** -8, "fp8_gemm": 1e-2,
+                   "swiglu_act": 2.0 ** -4, "block_vs_w8a8": 1e-2,
+                   "deepgemm_vs_w8a16": 1e-3, "deepgemm_mlp_part": 2.0 ** -9}
 
-
-def check_block_once(block: nn.Module, h: torch.Tensor, w_bf16: dict | None = None) -> dict:
-    """Run every check of `gpucheck_main` for one input h [M, d] bf16. Returns the errors, the bounds'
-    verdicts (`ok`) and `out`, the fused block's output (computed with poisoned allocations)."""
-    from kimi_mlp import kernels                         # defined now: book_mode has chosen
+# %% ../book/appendix_c_measuring.ipynb #5b2e7d44
+def check_block_once(block: nn.Module, h: torch.Tensor,
+                     w_bf16: dict | None = None) -> dict:
+    """Run every check of `gpucheck_main` for one input h [M, d] bf16. Returns the
+    errors, the bounds' verdicts (`ok`), `native_bitexact` (`native_matches_integer`)
+    and `out`, the fused block's output (computed with poisoned allocations)."""
+    from kimi_mlp import kernels                   # defined now: book_mode has chosen
     from kimi_mlp.fused import deepgemm_measure, ffn_tensors, fused_ffn_block
-    t = ffn_tensors(block)
-    norm, mlp = block.post_attention_layernorm, block.mlp
-    r = {"m": h.shape[0]}
+    t, norm, mlp, r = ffn_tensors(block), block.post_attention_layernorm, block.mlp, {}
+    r["m"] = h.shape[0]
     with torch.no_grad():
-        normed = torch.empty(h.shape, dtype=torch.promote_types(norm.weight.dtype, h.dtype),
-                             device=h.device)
-        x_fp8, x_scale = kernels.rmsnorm_quant(h, norm.weight, norm.eps, normed_out=normed)
-        # The kernel's quantizer, bit for bit, on its own normalised x, with the torch quantizer run
-        # on the CPU: torch's CUDA division by a Python scalar (amax / 448) multiplies by the
-        # reciprocal, which is not the IEEE quotient the kernel computes.
+        dtype = torch.promote_types(norm.weight.dtype, h.dtype)
+        normed = torch.empty(h.shape, dtype=dtype, device=h.device)
+        x_fp8, x_scale = kernels.rmsnorm_quant(h, norm.weight, norm.eps,
+                                               normed_out=normed)
+        # The kernel's quantizer, bit for bit, on its own normalised x, with the torch
+        # quantizer run on the CPU: torch's CUDA division by a Python scalar (amax /
+        # 448) multiplies by the reciprocal, not the IEEE quotient the kernel computes.
         ref_fp8, ref_scale = (v.to(h.device) for v in quantize_activation(normed.cpu()))
-        r["norm_quant_bitexact"] = bool(torch.equal(x_fp8.view(torch.uint8), ref_fp8.view(torch.uint8))
+        r["norm_quant_bitexact"] = bool(torch.equal(x_fp8.view(torch.uint8),
+                                                    ref_fp8.view(torch.uint8))
                                         and torch.equal(x_scale, ref_scale))
-        # That x against chapter 2's rms_norm: another fp32 summation order (and CUDA's rsqrt) can
-        # move rstd by an ulp or two and, rarely, a bf16 value by one ulp (2^-7 relative).
+        # That x against chapter 2's rms_norm: another fp32 summation order (and CUDA's
+        # rsqrt) can move rstd by an ulp or two and, rarely, a bf16 value by one ulp.
         x_ref = rms_norm(h, norm.weight, norm.eps)
         r["norm_vs_rms_norm"] = relative_error(normed, x_ref)
-        g = fp8_linear_w8a8(x_ref, t["gate_proj.weight"], t["gate_proj.weight_scale_inv"],
-                            out_dtype=torch.float32)
-        u = fp8_linear_w8a8(x_ref, t["up_proj.weight"], t["up_proj.weight_scale_inv"],
-                            out_dtype=torch.float32)
+        g = fp8_linear_w8a8(x_ref, t.gate, t.gate_scale, out_dtype=torch.float32)
+        u = fp8_linear_w8a8(x_ref, t.up, t.up_scale, out_dtype=torch.float32)
         with poisoned_allocations():
-            g_k = kernels.fp8_gemm(ref_fp8, ref_scale, t["gate_proj.weight"], t["gate_proj.weight_scale_inv"],
-                                   torch.bfloat16)
+            g_k = kernels.fp8_gemm(ref_fp8, ref_scale, t.gate, t.gate_scale)
             a_fp8, a_scale = kernels.fp8_gate_up_swiglu_quant(
-                ref_fp8, ref_scale, t["gate_proj.weight"], t["gate_proj.weight_scale_inv"],
-                t["up_proj.weight"], t["up_proj.weight_scale_inv"])
+                ref_fp8, ref_scale, t.gate, t.gate_scale, t.up, t.up_scale)
             out = fused_ffn_block(h, block)
         r["fp8_gemm"] = relative_error(g_k, g)
-        a = a_fp8.float() * a_scale.repeat_interleave(128, dim=-1)[:, :t["intermediate_size"]]
+        a = a_fp8.float() * a_scale.repeat_interleave(128, dim=-1)[:, :t.gate.shape[0]]
         r["swiglu_act"] = relative_error(a, F.silu(g) * u)
         mode = mlp.mode
         try:
@@ -359,14 +364,52 @@ def check_block_once(block: nn.Module, h: torch.Tensor, w_bf16: dict | None = No
             ref8 = block(h)
         finally:
             mlp.mode = mode
-        ref16 = torch_bf16_ffn(h, block, w_bf16 if w_bf16 is not None else dequantized_weights(block))
+        w16 = w_bf16 if w_bf16 is not None else dequantized_weights(block)
+        ref16 = torch_bf16_ffn(h, block, w16)
         r["block_vs_w8a8"] = relative_error(out - h, ref8 - h)
         r["deepgemm_vs_w8a16"] = deepgemm_measure(out, ref16)
         r["deepgemm_mlp_part"] = deepgemm_measure(out - h, ref16 - h)
-    r["ok"] = bool(r["norm_quant_bitexact"] and all(r[k] < b if k.startswith("deepgemm") else r[k] <= b
-                                                    for k, b in GPUCHECK_BOUNDS.items()))
+        r["native_bitexact"] = native_matches_integer(block, h)
+    r["ok"] = bool(r["norm_quant_bitexact"] and r["native_bitexact"] is not False
+                   and all(r[k] < b if k.startswith("deepgemm") else r[k] <= b
+                           for k, b in GPUCHECK_BOUNDS.items()))
     r["out"] = out
     return r
+
+# %% ../book/appendix_c_measuring.ipynb #8e3a5c19
+def native_matches_integer(block: nn.Module, h: torch.Tensor) -> bool | None:
+    """On a GPU: whether the kernels give the same bits with the hardware's conversions
+    (`kernels.NATIVE`) as with chapter 7's integer roundings, on input h [M, d] bf16 and
+    a NaN-laced copy of it. None under the interpreter (NATIVE is off there)."""
+    from kimi_mlp import kernels
+    from kimi_mlp.fused import FusedFp8DenseMLP, ffn_tensors
+    if not kernels.NATIVE:
+        return None
+    t = ffn_tensors(block)
+    bad = h.clone()
+    bad.view(-1)[:: max(1, bad.numel() // 7)] = float("nan")   # NaN in a few groups
+
+    def outputs():
+        fused = FusedFp8DenseMLP(block)
+        got = []
+        for x in (h, bad):
+            x_fp8, x_scale = kernels.rmsnorm_quant(x, t.norm_weight, t.eps)
+            got += [x_fp8, x_scale, *kernels.act_quant(x.float() * 300), fused(x)]
+            for split in (1, None):                       # the epilogue, the reduction
+                got += kernels.fp8_gate_up_swiglu_quant(x_fp8, x_scale, t.gate,
+                                                        t.gate_scale, t.up, t.up_scale,
+                                                        split_k=split)
+        got.append(kernels.dequantize_blockwise_triton(t.down, t.down_scale))
+        return got
+
+    native = outputs()
+    kernels.NATIVE = False
+    try:
+        integer = outputs()
+    finally:
+        kernels.NATIVE = True
+    same = lambda a, b: torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    return all(same(a.contiguous(), b.contiguous()) for a, b in zip(native, integer))
 
 # %% ../book/appendix_c_measuring.ipynb #c3e2cb8a
 GPUCHECK_M = (1, 3, 16, 33, 128, 512, 1024, 4096)
@@ -379,73 +422,90 @@ def _parse_m(text: str) -> tuple[int, ...]:
     except ValueError:
         ms = ()
     if not ms or min(ms) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive ints such as 1,16,128, "
-                                         f"got {text!r}")
+        raise argparse.ArgumentTypeError("expected comma-separated positive ints such "
+                                         f"as 1,16,128, got {text!r}")
     return ms
 
 
 def _gpucheck_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m kimi_mlp.gpucheck",
-        description="Check the fused FP8 FFN block on a GPU at Kimi K2's real shapes and time it "
-                    "against torch bf16 on dequantized weights.")
-    p.add_argument("--out", type=Path, default=None, help="directory for gpucheck.json and gpucheck.log")
-    p.add_argument("--m", type=_parse_m, default=None,
-                   help=f"token counts, comma-separated (default {','.join(map(str, GPUCHECK_M))})")
+        description="Check the fused FP8 FFN block on a GPU at Kimi K2's real shapes "
+                    "and time it against torch bf16 on dequantized weights.")
+    p.add_argument("--out", type=Path, default=None,
+                   help="directory for gpucheck.json and gpucheck.log")
+    p.add_argument("--m", type=_parse_m, default=None, help="token counts, comma-"
+                   f"separated (default {','.join(map(str, GPUCHECK_M))})")
     p.add_argument("--hidden-size", type=int, default=7168)
     p.add_argument("--intermediate-size", type=int, default=18432)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time per measurement")
-    p.add_argument("--graph-max-m", type=int, default=128, help="time M up to this with a CUDA graph")
-    p.add_argument("--git-commit", default=None, help="record this commit (for a tree copied without .git)")
-    p.add_argument("--cpu-smoke", action="store_true",
-                   help="tiny shapes (hidden 320, intermediate 704), no timings: tests the script itself")
+    p.add_argument("--rep-ms", type=int, default=100,
+                   help="do_bench repetition time per measurement")
+    p.add_argument("--graph-max-m", type=int, default=128,
+                   help="time M up to this with a CUDA graph")
+    p.add_argument("--git-commit", default=None,
+                   help="record this commit (for a tree copied without .git)")
+    p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes (hidden 320, "
+                   "intermediate 704), no timings: tests the script itself")
     return p
 
 
+def _gpucheck_line(r: dict) -> str:
+    "One row of the GPU check's table."
+    tf, tb = r["fused_ms"], r["torch_bf16_ms"]
+    times = (f"{tf * 1e3:9.1f} {tb * 1e3:9.1f} {tb / tf:7.2f} {r['timer']:>9}" if tf
+             else f"{'n/a':>9} {'n/a':>9} {'n/a':>7} {'-':>9}")
+    native = {None: "n/a", True: "True", False: "False"}[r["native_bitexact"]]
+    return (f"{r['m']:>5} {str(r['norm_quant_bitexact']):>9} {native:>6} "
+            f"{r['fp8_gemm']:8.1e} {r['swiglu_act']:8.1e} {r['block_vs_w8a8']:8.1e} "
+            f"{r['deepgemm_vs_w8a16']:9.1e} {times}  {'OK' if r['ok'] else 'FAIL'}")
+
+# %% ../book/appendix_c_measuring.ipynb #0e6b9d57
 def gpucheck_main(argv=None) -> int:
-    """`python -m kimi_mlp.gpucheck`: correctness at the real shapes and median times on a CUDA
-    device; returns 0 when every check passes, 1 when one fails, 2 when refused (no GPU)."""
+    """`python -m kimi_mlp.gpucheck`: correctness at the real shapes and median times
+    on a CUDA device; returns 0 when every check passes, 1 when one fails, 2 when
+    refused."""
     args = _gpucheck_parser().parse_args(argv)
     cuda = torch.cuda.is_available()
     if not cuda and not args.cpu_smoke:
-        print("gpucheck: no CUDA device. The real-shape checks (7168 x 18432, M up to 4096) and the "
-              "timings need a GPU; on the CPU, `--cpu-smoke` runs the same checks at tiny shapes "
-              "through the Triton interpreter.", file=sys.stderr)
+        print("gpucheck: no CUDA device. The real-shape checks (7168 x 18432, M up to "
+              "4096) and the timings need a GPU; on the CPU, `--cpu-smoke` runs the "
+              "same checks at tiny shapes through the Triton interpreter.",
+              file=sys.stderr)
         return 2
-    device = "cuda" if cuda else "cpu"
+    device, timed = ("cuda" if cuda else "cpu"), cuda and not args.cpu_smoke
     d, f = (320, 704) if args.cpu_smoke else (args.hidden_size, args.intermediate_size)
     ms = args.m or (GPUCHECK_SMOKE_M if args.cpu_smoke else GPUCHECK_M)
-    log = []
+    log, rows, t0 = [], [], time.perf_counter()
 
     def say(line=""):
         print(line, flush=True)
         log.append(line)
 
-    t0 = time.perf_counter()
-    env = environment(args.git_commit)
-    say(f"gpucheck: {env.get('gpu', 'CPU (Triton interpreter)')}, torch {env['torch']}, "
-        f"triton {env['triton']}"
-        f"{', smoke test: no timings' if args.cpu_smoke else ''}")
-    torch.backends.cuda.matmul.allow_tf32 = False                      # float32 references stay float32
-    from kimi_mlp.fused import fused_ffn_block, random_dense_block   # imports kimi_mlp.kernels
-    block = random_dense_block(d, f, device=device, seed=args.seed)
-    w16 = dequantized_weights(block)
-    say(f"block: hidden {d}, intermediate {f}, built in {time.perf_counter() - t0:.1f} s")
-    rows = []
-    head = (f"{'M':>5} {'norm bits':>9} {'gemm':>8} {'act':>8} {'vs w8a8':>8} {'DeepGEMM':>9} "
-            f"{'fused us':>9} {'bf16 us':>9} {'speedup':>7} {'timer':>9}  ok")
-    say(head)
     def save():
         if args.out is not None:
             args.out.mkdir(parents=True, exist_ok=True)
             record = {"schema": "kimi-mlp-gpucheck/1",
-                      "kind": "cpu-smoke" if args.cpu_smoke else "measurement",
-                      "environment": env, "shapes": {"hidden_size": d, "intermediate_size": f},
+                      "kind": "measurement" if timed else "cpu-smoke",
+                      "environment": env,
+                      "shapes": {"hidden_size": d, "intermediate_size": f},
                       "bounds": GPUCHECK_BOUNDS, "results": rows}
             (args.out / "gpucheck.json").write_text(json.dumps(record, indent=1))
             (args.out / "gpucheck.log").write_text("\n".join(log) + "\n")
 
+    env = environment(args.git_commit)
+    say(f"gpucheck: {env.get('gpu', 'CPU (Triton interpreter)')}, torch "
+        f"{env['torch']}, triton {env['triton']}"
+        f"{'' if timed else ', smoke test: no timings'}")
+    torch.backends.cuda.matmul.allow_tf32 = False    # float32 references stay float32
+    from kimi_mlp.fused import FusedFp8DenseMLP, random_dense_block   # the kernels
+    block = random_dense_block(d, f, device=device, seed=args.seed)
+    fused, w16 = FusedFp8DenseMLP(block), dequantized_weights(block)
+    say(f"block: hidden {d}, intermediate {f}, built in "
+        f"{time.perf_counter() - t0:.1f} s")
+    say(f"{'M':>5} {'norm bits':>9} {'native':>6} {'gemm':>8} {'act':>8} "
+        f"{'vs w8a8':>8} {'DeepGEMM':>9} {'fused us':>9} {'bf16 us':>9} {'speedup':>7} "
+        f"{'timer':>9}  ok")
     for i, m in enumerate(ms):
         gen = torch.Generator(device=device).manual_seed(args.seed * 1000 + 17 + i)
         h = torch.randn(m, d, generator=gen, device=device).to(torch.bfloat16)
@@ -453,34 +513,173 @@ def gpucheck_main(argv=None) -> int:
             r = check_block_once(block, h, w16)
             r.pop("out")
             r["fused_ms"] = r["torch_bf16_ms"] = r["timer"] = None
-            if cuda and not args.cpu_smoke:
+            if timed:
                 with torch.no_grad():
                     graph = m <= args.graph_max_m
-                    fused_ffn_block(h, block), torch_bf16_ffn(h, block, w16)     # warm: compile first
-                    r["fused_ms"], r["timer"] = median_ms(lambda: fused_ffn_block(h, block), graph,
+                    fused(h), torch_bf16_ffn(h, block, w16)        # compile first
+                    r["fused_ms"], r["timer"] = median_ms(lambda: fused(h), graph,
                                                           rep_ms=args.rep_ms)
-                    r["torch_bf16_ms"], _ = median_ms(lambda: torch_bf16_ffn(h, block, w16), graph,
-                                                      rep_ms=args.rep_ms)
-        except Exception as e:                                         # report it, go on with the next M
+                    bf16 = lambda: torch_bf16_ffn(h, block, w16)
+                    r["torch_bf16_ms"], _ = median_ms(bf16, graph, rep_ms=args.rep_ms)
+        except Exception as e:                     # report it, go on with the next M
             msg = str(e).strip().splitlines()
-            rows.append({"m": m, "ok": False, "error": f"{type(e).__name__}: {msg[0] if msg else ''}"})
+            rows.append({"m": m, "ok": False,
+                         "error": f"{type(e).__name__}: {msg[0] if msg else ''}"})
             say(f"{m:>5} ERROR {rows[-1]['error']}")
             save()
             continue
         rows.append(r)
-        tf, tb = r["fused_ms"], r["torch_bf16_ms"]
-        times = (f"{tf * 1e3:9.1f} {tb * 1e3:9.1f} {tb / tf:7.2f} {r['timer']:>9}" if tf else
-                 f"{'n/a':>9} {'n/a':>9} {'n/a':>7} {'-':>9}")
-        say(f"{m:>5} {str(r['norm_quant_bitexact']):>9} {r['fp8_gemm']:8.1e} {r['swiglu_act']:8.1e} "
-            f"{r['block_vs_w8a8']:8.1e} {r['deepgemm_vs_w8a16']:9.1e} {times}  {'OK' if r['ok'] else 'FAIL'}")
+        say(_gpucheck_line(r))
         save()
     bounds = ", ".join(f"{k} {'<' if k.startswith('deepgemm') else '<='} {v:.3g}"
                        for k, v in GPUCHECK_BOUNDS.items())
-    say(f"bounds: norm bits identical, {bounds}")
+    say(f"bounds: norm bits identical, native roundings = integer ones, {bounds}")
     ok = all(r["ok"] for r in rows)
-    say(f"{'all checks passed' if ok else 'SOME CHECKS FAILED'} in {time.perf_counter() - t0:.0f} s")
+    say(f"{'all checks passed' if ok else 'SOME CHECKS FAILED'} in "
+        f"{time.perf_counter() - t0:.0f} s")
     save()
     return 0 if ok else 1
+
+# %% ../book/appendix_c_measuring.ipynb #6d1e0b4f
+@contextlib.contextmanager
+def launches_stubbed():
+    """Inside the block every Triton launch, `kernel[grid](...)`, returns None at once
+    without running (compiled and interpreted kernels alike). For timing host code."""
+    from triton.runtime import interpreter
+    from triton.runtime.jit import JITFunction
+    noop = lambda *args, **kwargs: None
+    kinds = [JITFunction, interpreter.InterpretedFunction]
+    saved = [kind.__getitem__ for kind in kinds]
+    for kind in kinds:
+        kind.__getitem__ = lambda self, grid: noop
+    try:
+        yield
+    finally:
+        for kind, getitem in zip(kinds, saved):
+            kind.__getitem__ = getitem
+
+
+def host_time_us(fn, plan_sms: int | None = None, number: int = 1000,
+                 repeat: int = 7) -> float:
+    """Microseconds of this process's CPU time per call of `fn()` with every launch
+    stubbed: the best of `repeat` rounds of `number` calls, after one warm-up call.
+    `plan_sms`: plan the kernels as for a GPU with that many SMs."""
+    import timeit
+    from kimi_mlp import kernels
+    saved = kernels._COMPILE_ONLY_SMS
+    with launches_stubbed(), torch.no_grad():
+        kernels._COMPILE_ONLY_SMS = plan_sms if plan_sms is not None else saved
+        try:
+            fn()
+            rounds = timeit.repeat(fn, number=number, repeat=repeat,
+                                   timer=time.process_time)
+        finally:
+            kernels._COMPILE_ONLY_SMS = saved
+    return min(rounds) / number * 1e6
+
+# %% ../book/appendix_c_measuring.ipynb #1b8e6f3a
+TILES_SCHEMA, TILES_ENV = "kimi-mlp-tiles/1", "KIMI_MLP_TILES"
+#: What a config row may hold: field -> (check, expectation), for the error messages.
+_TILE_FIELDS = {
+    "SWAP": (lambda v: isinstance(v, bool), "true or false"),
+    "BLOCK_M": (lambda v: v in (16, 32, 64, 128), "16, 32, 64 or 128"),
+    "BLOCK_N": (lambda v: v == 128, "128 (one weight block)"),
+    "GROUP_M": (lambda v: _is_int(v) and v >= 1, "a positive int"),
+    "TMA_A": (lambda v: isinstance(v, bool), "true or false"),
+    "num_warps": (lambda v: v in (4, 8), "4 or 8"),
+    "num_stages": (lambda v: _is_int(v) and 1 <= v <= 8, "an int in [1, 8]"),
+    "regs": (lambda v: _is_int(v) and 1 <= v <= 255, "an int in [1, 255]"),
+    "split_k": (lambda v: _is_int(v) and v >= 1, "a positive int"),
+}
+_OPTIONAL_TILE_FIELDS = ("split_k",)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def tiles_file_name(device_name: str) -> str:
+    "The file a GPU's table goes by: `NVIDIA H200` -> `NVIDIA_H200.json`."
+    return device_name.strip().replace(" ", "_") + ".json"
+
+# %% ../book/appendix_c_measuring.ipynb #3a7c9e15
+def _tile_row(where: str, row) -> tuple[tuple, int | None, dict]:
+    "One row of a tile file, checked: ((kind, n, k), m_max, config)."
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected an object, got {type(row).__name__}")
+    if row.get("kind") not in ("gate_up", "gemm"):
+        raise ValueError(f"{where}.kind: expected 'gate_up' or 'gemm', "
+                         f"got {row.get('kind')!r}")
+    for key in ("n", "k"):
+        if not _is_int(row.get(key)) or row[key] < 1:
+            raise ValueError(f"{where}.{key}: expected a positive int, "
+                             f"got {row.get(key)!r}")
+    m_max = row.get("m_max", "missing")
+    if m_max is not None and (not _is_int(m_max) or m_max < 1):
+        raise ValueError(f"{where}.m_max: expected a positive int or null, "
+                         f"got {m_max!r}")
+    config = row.get("config")
+    if not isinstance(config, dict):
+        raise ValueError(f"{where}.config: expected an object, got {config!r}")
+    for key, (ok, want) in _TILE_FIELDS.items():
+        if key in _OPTIONAL_TILE_FIELDS and key not in config:
+            continue
+        if key not in config or not ok(config[key]):
+            raise ValueError(f"{where}.config.{key}: expected {want}, "
+                             f"got {config.get(key, 'nothing')!r}")
+    extra = sorted(set(config) - set(_TILE_FIELDS))
+    if extra:
+        raise ValueError(f"{where}.config: unexpected fields {extra}")
+    return (row["kind"], row["n"], row["k"]), m_max, dict(config)
+
+# %% ../book/appendix_c_measuring.ipynb #9c4d2b7e
+def load_tiles(path) -> dict:
+    """A tile file, checked: {(kind, n, k): ((m_max, config), ...)} with the buckets in
+    increasing order and the last one null (every M served), as `plan_gemm` reads
+    `GEMM_TILES`; plus the file's "device" under the key "device"."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}: expected a readable JSON tile file, "
+                         f"got {e}") from None
+    if not isinstance(data, dict) or data.get("schema") != TILES_SCHEMA:
+        got = data.get("schema") if isinstance(data, dict) else type(data).__name__
+        raise ValueError(f"{path}: schema: expected {TILES_SCHEMA!r}, got {got!r}")
+    if not isinstance(data.get("device"), str) or not data["device"]:
+        raise ValueError(f"{path}: device: expected the GPU's name, got "
+                         f"{data.get('device')!r}")
+    rows = data.get("rows")
+    if not isinstance(rows, list) or not rows:
+        raise ValueError(f"{path}: rows: expected a non-empty list, got {rows!r}")
+    table = {}
+    for i, row in enumerate(rows):
+        key, m_max, config = _tile_row(f"{path}: rows[{i}]", row)
+        table.setdefault(key, []).append((m_max, config))
+    for key, buckets in table.items():
+        bounds = [b for b, _ in buckets]
+        if None not in bounds or bounds[-1] is not None or bounds[:-1] != sorted(
+                set(bounds[:-1])):
+            raise ValueError(f"{path}: rows for {key}: expected increasing m_max "
+                             f"ending with null, got {bounds}")
+    return {"device": data["device"], **{k: tuple(v) for k, v in table.items()}}
+
+# %% ../book/appendix_c_measuring.ipynb #4e7a1c3d
+def tuned_tiles(device_name: str) -> dict | None:
+    """The measured tile table for GPU `device_name`: the file KIMI_MLP_TILES names (it
+    must be that device's), else the package's `configs/<device>.json`, else None (the
+    defaults, `kernels.GEMM_TILES`, apply)."""
+    named = os.environ.get(TILES_ENV)
+    path = Path(named) if named else _package_dir() / "configs" / tiles_file_name(
+        device_name)
+    if not named and not path.is_file():
+        return None
+    table = load_tiles(path)
+    device = table.pop("device")
+    if device != device_name:
+        raise ValueError(f"{TILES_ENV}={path}: expected a table measured on "
+                         f"{device_name}, got one for {device}")
+    return table
 
 # %% ../book/appendix_c_measuring.ipynb #ed3b0348
 class _Outputs(io.TextIOBase):

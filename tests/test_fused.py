@@ -13,9 +13,9 @@ from torch import nn
 from kimi_mlp import kernels
 from kimi_mlp.block import ResidualBlock
 from kimi_mlp.fp8 import Fp8DenseMLP, fp8_matmul_blockwise, quantize_activation
-from kimi_mlp.fused import (FusedFp8DenseMLP, deepgemm_measure, fused_ffn_block, fused_launch_costs,
-                            launch_floor_s, random_dense_block, relative_error,
-                            unfused_launch_costs)
+from kimi_mlp.fused import (FusedFp8DenseMLP, deepgemm_measure, ffn_tensors, fused_ffn_block,
+                            fused_launch_costs, launch_floor_s, random_dense_block,
+                            relative_error, unfused_launch_costs)
 from kimi_mlp.measure import gpucheck_main, poisoned_allocations
 from kimi_mlp.rmsnorm import RMSNorm
 
@@ -108,15 +108,14 @@ def test_order_free_launches_are_bitwise(blocks, shape, m):
 def test_poisoning_catches_an_unwritten_output(blocks, monkeypatch):
     "The poison is real: a down kernel that forgets half its rows fails the comparison."
     block = blocks[SHAPES[0]]
-    real = kernels.fp8_down_residual
+    real = kernels._launch_gemm
 
-    def half_written(h_fp8, h_scale, w, s, residual):
-        out = torch.empty_like(residual)
+    def half_written(a, a_s, w, w_s, out, residual, plan, ws=None):
         m = residual.shape[0] // 2
-        out[:m] = real(h_fp8[:m], h_scale[:m], w, s, residual[:m])
+        real(a[:m], a_s[:m], w, w_s, out[:m], residual[:m], plan, ws)
         return out
 
-    monkeypatch.setattr(kernels, "fp8_down_residual", half_written)
+    monkeypatch.setattr(kernels, "_launch_gemm", half_written)
     h = torch.randn(4, 256, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
     with torch.no_grad(), poisoned_allocations():
         out = fused_ffn_block(h, block)
@@ -135,16 +134,18 @@ def test_poisoned_allocations_restores_torch():
 
 
 def test_three_launches_in_order(blocks, monkeypatch):
+    "The lean path calls chapter 7's launchers, in order, and no checking wrapper."
     block = blocks[SHAPES[1]]
     calls = []
-    for name in ("rmsnorm_quant", "fp8_gate_up_swiglu_quant", "fp8_down_residual", "fp8_gemm"):
+    for name in ("_launch_rmsnorm_quant", "_launch_gate_up", "_launch_gemm",
+                 "rmsnorm_quant", "fp8_gate_up_swiglu_quant", "fp8_down_residual"):
         real = getattr(kernels, name)
-        monkeypatch.setattr(kernels, name,
-                            lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+        monkeypatch.setattr(kernels, name, lambda *a, _real=real, _name=name, **k:
+                            calls.append(_name) or _real(*a, **k))
     h = torch.randn(2, 320, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
     with torch.no_grad():
         fused_ffn_block(h, block)
-    assert calls == ["rmsnorm_quant", "fp8_gate_up_swiglu_quant", "fp8_down_residual"]
+    assert calls == ["_launch_rmsnorm_quant", "_launch_gate_up", "_launch_gemm"]
 
 
 def test_batch_shapes_and_layouts(blocks):
@@ -326,7 +327,7 @@ def test_offset_guard_fires_before_the_first_launch(monkeypatch):
     block = random_dense_block(128, 16384, seed=5)
     h = torch.zeros(2**31 // 16384, 128, dtype=torch.bfloat16)
     launched = []
-    monkeypatch.setattr(kernels, "rmsnorm_quant", lambda *a, **k: launched.append(1))
+    monkeypatch.setattr(kernels, "_launch_rmsnorm_quant", lambda *a, **k: launched.append(1))
     with pytest.raises(ValueError, match="32-bit element offsets"):
         fused_ffn_block(h, block)
     assert not launched
@@ -343,3 +344,92 @@ def test_ffn_tensors_accepts_a_norm_with_the_same_semantics():
     with torch.no_grad():
         assert torch.equal(fused_ffn_block(h, ResidualBlock(hf, block.mlp)),
                            fused_ffn_block(h, block))
+
+
+# ------------------------------------------------------------ the lean module: bind once, launch
+def _chain(h, block):
+    "The three public wrappers of chapter 7, one after the other, each checking its tensors."
+    norm, mlp = block.post_attention_layernorm, block.mlp
+    x, xs = kernels.rmsnorm_quant(h, norm.weight, norm.eps)
+    a, a_s = kernels.fp8_gate_up_swiglu_quant(x, xs, mlp.gate_proj.weight,
+                                              mlp.gate_proj.weight_scale_inv,
+                                              mlp.up_proj.weight, mlp.up_proj.weight_scale_inv)
+    return kernels.fp8_down_residual(a, a_s, mlp.down_proj.weight,
+                                     mlp.down_proj.weight_scale_inv, h)
+
+
+def test_module_keeps_plans_and_intermediates_and_stays_right(blocks, monkeypatch):
+    """Two calls at the same M reuse the module's intermediates; each result is the public
+    wrappers' chain bit for bit, and the first result is not overwritten by the second.
+    Above SCRATCH_MAX_M nothing is kept."""
+    import kimi_mlp.fused as fused_module
+    block = blocks[SHAPES[1]]
+    fused = FusedFp8DenseMLP(block)
+    gen = torch.Generator().manual_seed(21)
+    h1, h2 = (torch.randn(3, 320, generator=gen).to(torch.bfloat16) for _ in range(2))
+    with torch.no_grad():
+        out1 = fused(h1)
+        kept = fused._per_m[3][1]
+        out2 = fused(h2)
+        assert fused._per_m[3][1] is kept                  # the same buffers, reused
+        assert torch.equal(out1, _chain(h1, block)) and torch.equal(out2, _chain(h2, block))
+        assert not torch.equal(out1, out2)
+        monkeypatch.setattr(fused_module, "SCRATCH_MAX_M", 1)
+        fused(h1[:2])
+    assert sorted(fused._per_m) == [3]
+
+
+def test_module_rebinds_after_load_state_dict_and_to(blocks):
+    "New tensors (load_state_dict with assign, .to()) are checked and bound again."
+    block = random_dense_block(256, 640, seed=11)
+    fused = FusedFp8DenseMLP(block)
+    h = torch.randn(2, 256, generator=torch.Generator().manual_seed(22)).to(torch.bfloat16)
+    other = random_dense_block(256, 640, seed=12)
+    with torch.no_grad():
+        fused(h)
+        fused.load_state_dict(other.state_dict(), assign=True)
+        assert fused._t.gate is fused.mlp.gate_proj.weight and not fused._per_m
+        assert torch.equal(fused(h), fused_ffn_block(h, other))
+        assert fused.to(torch.device("cpu")) is fused and fused._t.gate is \
+            fused.mlp.gate_proj.weight
+    with pytest.raises(ValueError, match="block.mlp.gate_proj.weight: expected"):
+        fused.half()                                   # fp16 weights: refused at the rebind
+
+
+def test_ffn_tensors_names_the_checkpoint_tensors(blocks):
+    block = blocks[SHAPES[0]]
+    t = ffn_tensors(block)
+    mlp = block.mlp
+    assert t.norm_weight is block.post_attention_layernorm.weight and t.eps == 1e-6
+    assert (t.gate, t.gate_scale) == (mlp.gate_proj.weight, mlp.gate_proj.weight_scale_inv)
+    assert t.down_scale is mlp.down_proj.weight_scale_inv
+    assert (t.hidden_size, t.intermediate_size) == (256, 640)
+    with pytest.raises(Exception):
+        t.eps = 1.0                                      # frozen
+
+
+def test_cuda_graphs_are_refused_without_a_gpu(blocks):
+    if torch.cuda.is_available() and not kernels.INTERPRETED:
+        pytest.skip("a GPU is here: test_cuda_graph_replays_the_eager_bits runs instead")
+    with pytest.raises(RuntimeError, match="capture_graphs: expected the block on a CUDA "
+                                           "device with compiled kernels"):
+        FusedFp8DenseMLP(blocks[SHAPES[0]]).capture_graphs((1,))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or kernels.INTERPRETED,
+                    reason="CUDA graphs need a CUDA device and compiled kernels; here the "
+                           "kernels run through Triton's CPU interpreter")
+def test_cuda_graph_replays_the_eager_bits():
+    block = random_dense_block(7168, 18432, device="cuda", seed=13)
+    fused = FusedFp8DenseMLP(block)
+    gen = torch.Generator(device="cuda").manual_seed(23)
+    ms = (1, 3, 16, 64)
+    inputs = {m: [torch.randn(m, 7168, generator=gen, device="cuda").to(torch.bfloat16)
+                  for _ in range(2)] for m in ms}
+    with torch.no_grad():
+        eager = {m: [fused(h) for h in hs] for m, hs in inputs.items()}
+        fused.capture_graphs(ms)
+        for m, hs in inputs.items():
+            for h, ref in zip(hs, eager[m]):              # two inputs: the static buffers
+                assert torch.equal(fused(h), ref), m       # are refilled each replay
+        assert torch.equal(fused(inputs[1][0][None]), eager[1][0][None])   # [B, T, d]

@@ -31,7 +31,8 @@ from kimi_mlp import kernels as K  # first: sets TRITON_INTERPRET=1 when there i
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from kimi_mlp.fp8 import (ACT_AMAX_EPS, FP8_MAX, dequantize_weight_blockwise, fp8_linear_w8a8,
-                          fp8_linear_w8a16, quantize_activation, quantize_weight_blockwise)
+                          fp8_linear_w8a16, fp8_matmul_blockwise, quantize_activation,
+                          quantize_weight_blockwise)
 from kimi_mlp.rmsnorm import rms_norm
 
 E4M3 = torch.float8_e4m3fn
@@ -251,15 +252,154 @@ def test_fp8_gemm_float32_output_and_split_k_agree():
             assert torch.equal(got.cpu(), ref)
 
 
-def test_default_split_k_occupancy():
-    # H200: 132 SMs. Decode (M = 1) of the down projection: 7168 / 128 = 56 tiles -> 3 slices
-    assert K.default_split_k(1, 7168, 18432, num_sms=132) == 3
-    # gate or up alone: 18432 / 128 = 144 tiles already cover the SMs
-    assert K.default_split_k(1, 18432, 7168, num_sms=132) == 1
-    # large M: plenty of tiles
-    assert K.default_split_k(4096, 7168, 18432, num_sms=132) == 1
-    # a short K caps the slices (at least 4 K steps of 128 each)
-    assert K.default_split_k(1, 256, 1024, num_sms=132) == 2
+# The planner (chapter 7's plan_gemm) at Kimi K2's shapes on an H200's 132 SMs.
+def test_plan_decode_makes_whole_waves_within_the_partial_budget():
+    gu = K.plan_gemm("gate_up", 1, 18432, 7168, 132)
+    assert (gu["SWAP"], gu["tiles"], gu["split_k"], gu["steps"]) == (True, 144, 8, 7)
+    assert gu["programs"] == 1152 and gu["wave_eff"] > 0.96    # 8.73 waves of 7 steps
+    down = K.plan_gemm("down", 1, 7168, 18432, 132)
+    assert (down["tiles"], down["split_k"], down["programs"]) == (56, 7, 392)   # 2.97
+    for m in (1, 4, 16, 32, 64, 128, 1024, 4096):
+        for kind, n, k in (("gate_up", 18432, 7168), ("down", 7168, 18432)):
+            p = K.plan_gemm(kind, m, n, k, 132)
+            one = K.plan_gemm(kind, m, n, k, 132, split_k=1)
+            assert p["partial_share"] <= K.PARTIAL_BUDGET, (kind, m)
+            assert p["wave_eff"] >= one["wave_eff"], (kind, m)
+            assert p["split_k"] == 1 or p["steps"] >= K.MIN_STEPS
+            assert p["SWAP"] == (m <= 64) and p["smem"] <= 227 * 1024
+
+
+def test_plan_split_follows_the_sm_count_and_the_budget():
+    # a full GPU's worth of tiles needs no split; a 1-SM plan (the interpreter) neither
+    assert K.plan_gemm("gate_up", 4096, 18432, 7168, 132)["split_k"] == 1
+    assert K.plan_gemm("gate_up", 1, 18432, 7168, 1)["split_k"] == 1
+    # more SMs, more slices; at M = 16 the partials' budget caps the gate/up slices
+    assert K.plan_gemm("down", 1, 7168, 18432, 264)["split_k"] > 7
+    caps = [K.plan_gemm("gate_up", 16, 18432, 7168, 132, budget=b)["split_k"]
+            for b in (0.05, K.PARTIAL_BUDGET, 1.0)]
+    assert caps == [2, 4, 7]
+    forced = K.plan_gemm("gemm", 1, 256, 384, 132, split_k=9)   # 3 K steps: 3 slices
+    assert (forced["split_k"], forced["steps"], forced["programs"]) == (3, 1, 6)
+
+
+def test_plan_takes_a_measured_row_and_its_split():
+    row = dict(K.GEMM_TILES["gemm"][0][1], num_stages=3, split_k=5)
+    tiles = {("gemm", 7168, 18432): ((16, row), (None, K.GEMM_TILES["gemm"][-1][1]))}
+    p = K.plan_gemm("down", 8, 7168, 18432, 132, tiles=tiles)
+    assert (p["num_stages"], p["split_k"]) == (3, 5)
+    assert K.plan_gemm("down", 8, 7168, 18432, 132, split_k=2, tiles=tiles)["split_k"] == 2
+    other = K.plan_gemm("gate_up", 8, 18432, 7168, 132, tiles=tiles)   # not in the file
+    assert other == K.plan_gemm("gate_up", 8, 18432, 7168, 132)
+
+
+@pytest.mark.parametrize("args, match", [
+    (("conv", 1, 1, 1, 1), "kind: expected 'gemm', 'down' or 'gate_up', got 'conv'"),
+    (("gemm", 0, 1, 1, 1), "m: expected a positive int, got 0"),
+    (("gemm", 1, 1, 1, True), "num_sms: expected a positive int, got True"),
+    (("gemm", 1, 1, 1, 1, 0), "split_k: expected a positive int or None, got 0"),
+])
+def test_plan_refuses_bad_arguments(args, match):
+    with pytest.raises(ValueError, match=match):
+        K.plan_gemm(*args)
+
+
+# One K slice under the interpreter: the reference's arithmetic, bit for bit, in every
+# bucket of GEMM_TILES (swapped and not), with TMA descriptors (aligned rows) and with
+# masked loads (K = 200: rows of 200 bytes are not 16-byte multiples).
+GEMM_SHAPES = [(1, 256, 256), (3, 320, 200), (16, 384, 320), (33, 256, 384),
+               (65, 320, 256), (128, 200, 256), (300, 128, 256)]
+BUCKET_M = {1: 16, 3: 16, 16: 16, 33: 64, 65: 64, 128: 64, 300: 128}
+interpreted = pytest.mark.skipif(not K.INTERPRETED, reason="interpreter checks (CPU): "
+                                 "exact step sums; a GPU's tensor cores sum in their order")
+
+
+def blockwise_operands(g, m, n, k):
+    "x [m, k] quantized 1 x 128 (heavy-ish tails) and w [n, k] quantized 128 x 128."
+    x = torch.randn(m, k, generator=g) * torch.randn(m, k, generator=g).mul(0.5).exp()
+    return (*quantize_activation(x), *quantize_weight_blockwise(
+        torch.randn(n, k, generator=g) * k ** -0.5))
+
+
+def step_terms(a, a_s, w, w_s):
+    """[S, M, N] fp32: the reference's per-step terms t_j = (dot_j * a_s) * w_s (the dot
+    exact in float64, rounded once): fp8_matmul_blockwise = t_0 + t_1 + ... in order."""
+    n = w.shape[0]
+    out = []
+    for kb in range(w_s.shape[1]):
+        cols = slice(kb * 128, (kb + 1) * 128)
+        dot = (a[:, cols].double() @ w[:, cols].double().T).float()
+        w_col = w_s[:, kb].repeat_interleave(128)[:n]
+        out.append(dot * a_s[:, kb, None] * w_col[None, :])
+    return torch.stack(out)
+
+
+def assoc_bound(terms):
+    "Per element: two fp32 sums of the same S terms differ by at most 2 S u sum |t_j|."
+    return 2 * terms.shape[0] * 2.0 ** -24 * terms.double().abs().sum(0)
+
+
+@interpreted
+@pytest.mark.parametrize("m, n, k", GEMM_SHAPES)
+def test_fp8_gemm_one_slice_is_the_reference_bit_for_bit(m, n, k):
+    a, a_s, w, w_s = blockwise_operands(gen("gemm1", m, n, k), m, n, k)
+    ref = fp8_matmul_blockwise(a, a_s, w, w_s)
+    out = nan_like((m, n), torch.float32)
+    assert K.fp8_gemm(a, a_s, w, w_s, torch.float32, out=out, split_k=1) is out
+    assert torch.equal(out, ref)
+    bf = K.fp8_gemm(a, a_s, w, w_s, split_k=1, out=nan_like((m, n), torch.bfloat16))
+    assert torch.equal(bf, ref.to(torch.bfloat16))
+    plan = K.plan_gemm("gemm", m, n, k, 1)
+    assert plan["SWAP"] == (m <= 64) and plan["BLOCK_M"] == BUCKET_M[m]
+    assert K._tma_ok(w) == (k % 16 == 0)
+
+
+@interpreted
+@pytest.mark.parametrize("m, n, k", [(3, 320, 256), (65, 256, 384)])
+def test_tma_and_masked_loads_give_the_same_bits(m, n, k):
+    a, a_s, w, w_s = blockwise_operands(gen("tma", m, n, k), m, n, k)
+    ref = fp8_matmul_blockwise(a, a_s, w, w_s)
+    base = K.plan_gemm("gemm", m, n, k, 1)
+    (desc,) = K._weight_operands(w)
+    assert not isinstance(desc, torch.Tensor)                 # aligned: a descriptor
+    for tma_a in (False, True):
+        for weight in (w, desc):
+            plan = K._with_meta(dict(base, TMA_A=tma_a))
+            out = nan_like((m, n), torch.float32)
+            K._launch_gemm(a, a_s, weight, w_s, out, None, plan)
+            assert torch.equal(out, ref), (tma_a, type(weight).__name__)
+
+
+@interpreted
+@pytest.mark.parametrize("m, n, k, split", [(1, 256, 640, 5), (16, 320, 384, 2),
+                                            (65, 200, 704, 3)])
+def test_split_k_is_deterministic_and_within_the_association_bound(m, n, k, split):
+    a, a_s, w, w_s = blockwise_operands(gen("split", m, n, k), m, n, k)
+    terms = step_terms(a, a_s, w, w_s)
+    ref = fp8_matmul_blockwise(a, a_s, w, w_s)
+    got = [K.fp8_gemm(a, a_s, w, w_s, torch.float32, split_k=split) for _ in range(2)]
+    assert torch.equal(got[0], got[1])                       # a fixed order: same bits
+    assert ((got[0].double() - ref.double()).abs() <= assoc_bound(terms)).all()
+
+
+@interpreted
+@pytest.mark.parametrize("m, f, d, split", [(1, 704, 256, 1), (3, 330, 320, 1),
+                                            (33, 320, 200, 1), (16, 704, 320, 3)])
+def test_down_residual_bitwise_or_within_the_bound(m, f, d, split):
+    g = gen("down-bits", m, f, d)
+    h, h_s, w, w_s = blockwise_operands(g, m, d, f)
+    residual = torch.randn(m, d, generator=g).to(torch.bfloat16)
+    out = K.fp8_down_residual(h, h_s, w, w_s, residual, split_k=split,
+                              out=nan_like((m, d), torch.bfloat16))
+    mlp = fp8_matmul_blockwise(h, h_s, w, w_s).to(torch.bfloat16)
+    if split == 1:                                   # the unfused two bf16 roundings
+        assert torch.equal(out, residual + mlp)
+        return
+    terms = step_terms(h, h_s, w, w_s)
+    mlp64, assoc = terms.double().sum(0), assoc_bound(terms)
+    # the fp32 sum, then two bf16 roundings of at most half an ulp (2^-8 relative): of
+    # the GEMM's sum, and of residual + that (judged by the result itself)
+    bound = assoc + 2.0**-8 * (mlp64.abs() + assoc) + 2.0**-8 * out.double().abs()
+    assert ((out.double() - residual.double() - mlp64).abs() <= bound).all()
 
 
 # ------------------------------------------------------------- 4. gate + up + SwiGLU + quant
@@ -286,6 +426,70 @@ def test_gate_up_swiglu_quant(m, d, f):
     assert rel_err(h_out, h_ref) <= H_TOL
     deq = q.float() * s.repeat_interleave(128, dim=1)[:, :f]
     assert rel_err(deq, h_ref) <= 5e-2                 # e4m3 rounding of h: ~2^-5 relative RMS
+
+
+def run_gate_up(x, x_s, gw, gs, uw, us, **kw):
+    "The gated kernel into poisoned buffers, h_out included: (codes, scales, h)."
+    m, f = x.shape[0], gw.shape[0]
+    out, s_out = poisoned_quant_outputs(m, f)
+    h = nan_like((m, f), torch.float32)
+    q, s = K.fp8_gate_up_swiglu_quant(x, x_s, gw, gs, uw, us, out=out, scale_out=s_out,
+                                      h_out=h, **kw)
+    assert q is out and s is s_out
+    return q, s, h
+
+
+def gate_up_operands(m, d, f):
+    g = gen("gu-ops", m, d, f)
+    x, x_s, gw, gs = blockwise_operands(g, m, f, d)
+    return x, x_s, gw, gs, *quantize_weight_blockwise(torch.randn(f, d, generator=g) / d**0.5)
+
+
+@interpreted
+@pytest.mark.parametrize("m, d, f", [(1, 256, 704), (3, 320, 330), (16, 200, 320),
+                                     (33, 320, 330), (65, 256, 200), (300, 256, 128)])
+def test_gate_up_every_bucket_and_its_split_path(m, d, f):
+    """Every bucket, ragged shapes: the quantizer bitwise on the kernel's own h, h within
+    H_TOL of the w8a8 reference (only SiLU's exp differs), and the split path with one
+    slice (partials, then `_swiglu_quant_reduce_kernel`) the fused kernel's bits."""
+    ops = gate_up_operands(m, d, f)
+    q, s, h = run_gate_up(*ops, split_k=1)
+    ref_q, ref_s = quantize_activation(h)
+    assert torch.equal(bits(q), bits(ref_q)) and torch.equal(s, ref_s)
+    x, x_s, gw, gs, uw, us = ops
+    h_ref = torch.nn.functional.silu(fp8_matmul_blockwise(x, x_s, gw, gs)) \
+        * fp8_matmul_blockwise(x, x_s, uw, us)
+    assert rel_err(h, h_ref) <= H_TOL
+    if m * f > 30_000:          # the interpreter's quantizer is slow: checked where cheap
+        return
+    plan = K._with_meta(K.plan_gemm("gate_up", m, f, d, 1))
+    q1, s1 = poisoned_quant_outputs(m, f)
+    h1 = nan_like((m, f), torch.float32)
+    K._launch_gate_up(x, x_s, gw, gs, uw, us, q1.view(torch.uint8), s1, h1, plan,
+                      force_reduce=True)
+    assert torch.equal(bits(q1), bits(q)) and torch.equal(s1, s) and torch.equal(h1, h)
+
+
+@interpreted
+@pytest.mark.parametrize("m, d, f, split", [(1, 640, 320, 5), (16, 384, 330, 3)])
+def test_gate_up_split_k_is_deterministic_and_within_the_bound(m, d, f, split):
+    """Split-K for the gated kernel: the reduction's quantizer bitwise on its own h; h
+    against one slice within |dh| <= 1.1 |dg| |u| + |silu(g)| |du| (silu' < 1.1), dg and
+    du the association bounds of the two GEMMs, plus 8 fp32 ulps of the evaluation."""
+    ops = gate_up_operands(m, d, f)
+    q, s, h = run_gate_up(*ops, split_k=split)
+    ref_q, ref_s = quantize_activation(h)
+    assert torch.equal(bits(q), bits(ref_q)) and torch.equal(s, ref_s)
+    _, _, h1 = run_gate_up(*ops, split_k=1)
+    x, x_s, gw, gs, uw, us = ops
+    gate, up = fp8_matmul_blockwise(x, x_s, gw, gs), fp8_matmul_blockwise(x, x_s, uw, us)
+    dg = assoc_bound(step_terms(x, x_s, gw, gs))
+    du = assoc_bound(step_terms(x, x_s, uw, us))
+    silu = torch.nn.functional.silu(gate.double())
+    bound = 1.1 * dg * up.double().abs() + silu.abs() * du + 8 * 2.0**-24 * h1.double().abs()
+    assert ((h.double() - h1.double()).abs() <= bound).all()
+    again = run_gate_up(*ops, split_k=split)
+    assert all(torch.equal(bits(a), bits(b)) for a, b in zip(again, (q, s, h)))
 
 
 # -------------------------------------------------------------------- 5. down + residual
@@ -400,7 +604,7 @@ def test_other_wrappers_reject_bad_input():
     assert (out.view(torch.uint8) == 0x7F).all()
     with pytest.raises(ValueError, match=r"up_w: expected shape \[320, 256\], got \[256, 256\]"):
         K.fp8_gate_up_swiglu_quant(x_fp8, x_s, w, s, w[:256].contiguous(), s[:2].contiguous())
-    with pytest.raises(ValueError, match=r"up_s: expected shape \[3, 2\], got \[2, 2\]"):
+    with pytest.raises(ValueError, match=r"up_scale: expected shape \[3, 2\], got \[2, 2\]"):
         K.fp8_gate_up_swiglu_quant(x_fp8, x_s, w, s, w, s[:2].contiguous())
     with pytest.raises(ValueError, match=r"h_out: expected dtype torch.float32, got torch.bfloat16"):
         K.fp8_gate_up_swiglu_quant(x_fp8, x_s, w, s, w, s, h_out=torch.empty(4, 320, dtype=torch.bfloat16, device=DEV))
@@ -524,6 +728,28 @@ def test_round_to_bf16_keeps_nan_and_inf():
     assert torch.isnan(y[:4]).all()                          # every NaN stays NaN
     assert torch.equal(y[4:6], x[4:6])                       # +-inf stay inf
     assert torch.equal(y[6:], x[6:].to(torch.bfloat16).float())   # largest finite: rounds to inf
+
+
+@triton.jit
+def _native_bits_kernel(x_ptr, e4m3_ptr, bf16_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(e4m3_ptr + offs, K._e4m3_bits(x, True), mask=offs < n)
+    tl.store(bf16_ptr + offs, K._to_bf16(x, True), mask=offs < n)
+
+
+@interpreted
+def test_native_conversions_keep_torchs_nan_codes():
+    """The GPU's branch (NATIVE) under the interpreter, on values that need no rounding
+    (where the interpreter's own casts are exact): NaN -> 0x7F, -NaN -> 0xFF, the rest
+    torch's codes. The roundings themselves are compared on a GPU (appendix C)."""
+    vals = torch.tensor([float("nan"), -float("nan"), 448.0, -448.0, 0.0, -0.0, 2.0**-9,
+                         -1.5, 240.0])
+    e4m3, bf = torch.empty(9, dtype=torch.uint8), torch.empty(9)
+    _native_bits_kernel[(1,)](vals, e4m3, bf, 9, BLOCK=16)
+    ref = vals.to(E4M3).view(torch.uint8)
+    assert e4m3.tolist()[:2] == [0x7F, 0xFF] and torch.equal(e4m3[2:], ref[2:])
+    assert torch.equal(bf[2:], vals[2:]) and bf[:2].isnan().all()
 
 
 # ----------------------------------------------------- outputs that overlap inputs are refused

@@ -4,8 +4,9 @@
     python tools/crosscheck_codegen.py report.json
 
 For four variants (gate/up at M = 32 and 4096, the down GEMM at M = 1 and 4096) this
-script builds the kernel's `triton.compiler.ASTSource` by hand (signature, constexprs,
-alignment attributes written out below, not taken from a launch), compiles it with
+script builds the kernel's `triton.compiler.ASTSource` by hand (signature, flags and
+alignment attributes written out below, not taken from a launch; the tile row and the
+split from chapter 7's `plan_gemm`), compiles it with
 `triton.compile` for GPUTarget("cuda", 90, 32) in an empty Triton cache, with no driver
 replaced and no wrapper called, and reads the result with other tools than `inspect`:
 
@@ -43,39 +44,58 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 D16 = [["tt.divisibility", 16]]
 
 GATE_UP = ["x_ptr", "x_s_ptr", "g_ptr", "g_s_ptr", "u_ptr", "u_s_ptr", "q_ptr",
-           "q_s_ptr", "h_ptr", "M", "F", "K", "stride_x", "fp8_max", "amax_eps"]
-GATE_UP_TYPES = ["*fp8e4nv", "*fp32", "*fp8e4nv", "*fp32", "*fp8e4nv", "*fp32", "*u8",
-                 "*fp32", "*fp32", "i32", "i32", "i32", "i32", "fp32", "fp32"]
+           "q_s_ptr", "p_ptr", "h_ptr", "M", "F", "K", "stride_x", "splits", "fp8_max",
+           "amax_eps"]
 GEMM = ["a_ptr", "a_s_ptr", "w_ptr", "w_s_ptr", "c_ptr", "r_ptr", "M", "N", "K",
-        "stride_a", "steps_per_split"]
+        "stride_a", "splits"]
 
 
-def gemm_types(split: bool) -> list[str]:
+def desc(rows: int) -> str:
+    "A host TMA descriptor of [rows, 128] e4m3 blocks, as Triton types it."
+    return f"tensordesc<fp8e4nv[{rows}, 128]>"
+
+
+def gate_up_types(plan) -> list[str]:
+    "x by TMA when the plan says so; the weights always (16-byte aligned rows)."
+    x = desc(plan["BLOCK_M"]) if plan["TMA_A"] else "*fp8e4nv"
+    return [x, "*fp32", desc(128), "*fp32", desc(128), "*fp32", "*u8", "*fp32", "*fp32",
+            "*fp32", "i32", "i32", "i32", "i32", "i32", "fp32", "fp32"]
+
+
+def gemm_types(plan) -> list[str]:
     "c: the fp32 workspace when split, else the bf16 output; r: the bf16 residual."
-    c = "*fp32" if split else "*bf16"
-    return ["*fp8e4nv", "*fp32", "*fp8e4nv", "*fp32", c, "*bf16", "i32", "i32", "i32",
-            "i32", "i32"]
+    a = desc(plan["BLOCK_M"]) if plan["TMA_A"] else "*fp8e4nv"
+    c = "*fp32" if plan["split_k"] > 1 else "*bf16"
+    return [a, "*fp32", desc(128), "*fp32", c, "*bf16", "i32", "i32", "i32", "i32",
+            "i32"]
 
 
-# (kernel, M, argument names and types, integers that are 1, integers divisible by 16,
-#  constexprs, num_warps, num_stages): as the wrappers launch them at 7168 / 18432 on an
-# H200 (132 SMs), worked out by hand from chapter 7's gemm_config and default_split_k.
+def case(kind, m, ones, div16):
+    """One launch as the wrappers make it at 7168 / 18432 on an H200 (132 SMs): the tile
+    row and split from chapter 7's plan_gemm, the rest (argument types, the integers
+    that are 1 or divisible by 16, the flags) written out here."""
+    n, k = (18432, 7168) if kind == "gate_up" else (7168, 18432)
+    plan = kernels._with_meta(kernels.plan_gemm(kind, m, n, k, 132))
+    split = plan["split_k"] > 1
+    flags = dict(SPLIT=split, TMA_A=plan["TMA_A"], TMA_W=True, NATIVE=True)
+    meta = {key: v for key, v in plan["meta"].items()
+            if key not in ("num_warps", "num_stages")}
+    if kind == "gate_up":
+        return ("_gate_up_swiglu_quant_kernel", m, GATE_UP, gate_up_types(plan), ones,
+                div16, dict(meta, WRITE_H=False, **flags),
+                plan["num_warps"], plan["num_stages"])
+    return ("_fp8_gemm_kernel", m, GEMM, gemm_types(plan), ones, div16,
+            dict(meta, HAS_RESIDUAL=not split, ROUND_BF16=not split, **flags),
+            plan["num_warps"], plan["num_stages"])
+
+
+# Gate/up at M = 32 (swapped, 2 K slices) and 4096 (128 x 128 tiles, one slice), the
+# down GEMM at M = 1 (swapped, 7 slices) and 4096.
 CASES = [
-    ("_gate_up_swiglu_quant_kernel", 32, GATE_UP, GATE_UP_TYPES, [],
-     ["M", "F", "K", "stride_x"],
-     dict(BLOCK_M=32, BLOCK_N=128, BLOCK_K=128, WRITE_H=False), 4, 3),
-    ("_gate_up_swiglu_quant_kernel", 4096, GATE_UP, GATE_UP_TYPES, [],
-     ["M", "F", "K", "stride_x"],
-     dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, WRITE_H=False), 8, 3),
-    # M = 1: 56 tiles < 132 SMs, so K (144 steps) is split in 3 slices of 48 steps
-    ("_fp8_gemm_kernel", 1, GEMM, gemm_types(True), ["M"],
-     ["N", "K", "stride_a", "steps_per_split"],
-     dict(BLOCK_M=16, BLOCK_N=128, BLOCK_K=128, SPLIT=True, HAS_RESIDUAL=False,
-          ROUND_BF16=False), 8, 3),
-    ("_fp8_gemm_kernel", 4096, GEMM, gemm_types(False), [],
-     ["M", "N", "K", "stride_a", "steps_per_split"],
-     dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, SPLIT=False, HAS_RESIDUAL=True,
-          ROUND_BF16=True), 4, 4),
+    case("gate_up", 32, [], ["M", "F", "K", "stride_x"]),
+    case("gate_up", 4096, ["splits"], ["M", "F", "K", "stride_x"]),
+    case("down", 1, ["M"], ["N", "K", "stride_a"]),
+    case("down", 4096, ["splits"], ["M", "N", "K", "stride_a"]),
 ]
 
 
