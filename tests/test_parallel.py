@@ -3,7 +3,8 @@
 The distributed tests start real processes, as users do: `spawn_ranks`
 (torch.multiprocessing, start method spawn, a file rendezvous) for P = 2 and 4, and
 `torchrun` for the command line. Each is bounded in time (`timeout_s`, the subprocess
-timeout) so that a hang fails instead of stalling CI. Shapes are small (hidden 256, intermediate 1024: 8 blocks of 128).
+timeout) so that a hang fails instead of stalling CI. Shapes are small: hidden 256,
+intermediate 1024 (8 blocks of 128).
 """
 import dataclasses
 import os
