@@ -16,6 +16,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from . import kernels  # imported first: the interpreter when there is no GPU
 from .checkpoint import (SCALE_RANGE, _check_layer, _check_values, _empty_bytes,
                                  _norm_dtype, _readinto_exactly, _tensor_entry,
                                  dense_block_tensors)
@@ -23,6 +24,7 @@ from .config import KimiK2Config
 from .fp8 import Fp8DenseMLP, fp8_matmul_blockwise, quantize_activation
 from .fused import (_check_hidden, ffn_tensors, fused_launch_costs,
                             launch_floor_s)
+from .kernels import QUANT_BLOCK   # weight blocks 128 x 128, groups 1 x 128
 from .rmsnorm import RMSNorm, rms_norm
 from .safetensors_io import (CheckpointError, checkpoint_root,
                                      open_regular_file, read_layout,
@@ -30,16 +32,13 @@ from .safetensors_io import (CheckpointError, checkpoint_root,
 from .swiglu import silu
 
 # %% auto #0
-__all__ = ['QUANT_BLOCK', 'IMPLS', 'REDUCE_DTYPES', 'UNIT_ROUNDOFF_F32', 'LINK_BYTES_PER_S', 'valid_degrees', 'check_degree',
-           'shard_range', 'shard_windows', 'TensorParallelFFN', 'slice_block', 'ffn_partial', 'tp_ffn_block', 'gamma',
+__all__ = ['IMPLS', 'REDUCE_DTYPES', 'UNIT_ROUNDOFF_F32', 'LINK_BYTES_PER_S', 'valid_degrees', 'check_degree', 'shard_range',
+           'shard_windows', 'TensorParallelFFN', 'slice_block', 'ffn_partial', 'tp_ffn_block', 'gamma',
            'sharded_sum_bound', 'down_abs_terms', 'load_dense_shard', 'shard_bytes', 'rchar', 'spawn_ranks',
            'seeded_tokens', 'tp_rank_run', 'single_rank_reference', 'compare_with_single_rank', 'main',
            'ring_allreduce_s', 'rank_floor_s', 'time_all_reduce']
 
-# %% ../book/10_parallel.ipynb #2dff9400
-QUANT_BLOCK = 128     # weight blocks 128 x 128, activation groups 1 x 128
-
-
+# %% ../book/10_parallel.ipynb #ebb173a6
 def valid_degrees(intermediate_size: int) -> list[int]:
     "The degrees P that cut `intermediate_size` into P equal runs of whole 128-blocks."
     if intermediate_size % QUANT_BLOCK:
@@ -71,7 +70,7 @@ def shard_range(intermediate_size: int, rank: int, world_size: int) -> tuple[int
     n = intermediate_size // world_size
     return rank * n, (rank + 1) * n
 
-# %% ../book/10_parallel.ipynb #4b2a9e55
+# %% ../book/10_parallel.ipynb #b6974962
 def shard_windows(hidden_size: int, intermediate_size: int, rank: int, world_size: int,
                   prefix: str = "") -> dict[str, tuple[slice, slice]]:
     """(rows, columns) of each FFN tensor that `rank` holds, keyed by its name (after
@@ -89,7 +88,7 @@ def shard_windows(hidden_size: int, intermediate_size: int, rank: int, world_siz
     w[f"{prefix}mlp.down_proj.weight_scale_inv"] = (every, blocks)
     return w
 
-# %% ../book/10_parallel.ipynb #e366f0ba
+# %% ../book/10_parallel.ipynb #6380712c
 class TensorParallelFFN(nn.Module):
     """Rank `rank`'s part of the FFN half of a dense block split `world_size` ways.
 
@@ -122,7 +121,7 @@ class TensorParallelFFN(nn.Module):
         f0, f1 = self.features
         return f"rank {self.rank} of {self.world_size}: features [{f0}, {f1})"
 
-# %% ../book/10_parallel.ipynb #0160957f
+# %% ../book/10_parallel.ipynb #8b3997e4
 _FFN_KEYS = tuple(shard_windows(128, 128, 0, 1))    # the FFN half's state_dict keys
 
 
@@ -141,7 +140,7 @@ def slice_block(block: nn.Module, rank: int, world_size: int) -> TensorParallelF
     cut = {k: _window(v, windows[k]).contiguous().clone() for k, v in state.items()}
     return TensorParallelFFN(cut, rank, world_size, t["intermediate_size"], t["eps"])
 
-# %% ../book/10_parallel.ipynb #f359cdf1
+# %% ../book/10_parallel.ipynb #9d4ebc94
 IMPLS = ("fused", "torch")
 
 
@@ -159,7 +158,6 @@ def ffn_partial(rows: torch.Tensor, t: dict, impl: str = "fused") -> dict:
     w = [t[f"{p}.{s}"] for p in ("gate_proj", "up_proj", "down_proj")
          for s in ("weight", "weight_scale_inv")]
     if impl == "fused":
-        from kimi_mlp import kernels
         x_fp8, x_scale = kernels.rmsnorm_quant(rows, gain, eps)
         a_fp8, a_scale = kernels.fp8_gate_up_swiglu_quant(x_fp8, x_scale, *w[:4])
         y = kernels.fp8_gemm(a_fp8, a_scale, *w[4:], out_dtype=torch.float32)
@@ -172,7 +170,7 @@ def ffn_partial(rows: torch.Tensor, t: dict, impl: str = "fused") -> dict:
     return {"x_fp8": x_fp8, "x_scale": x_scale, "a_fp8": a_fp8, "a_scale": a_scale,
             "y": y}
 
-# %% ../book/10_parallel.ipynb #98e76df2
+# %% ../book/10_parallel.ipynb #c82c4bf5
 REDUCE_DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -204,7 +202,7 @@ def tp_ffn_block(h: torch.Tensor, shard: nn.Module, group=None, impl: str = "fus
         parts.update(p, y=y)
     return (y.to(torch.bfloat16) + rows).reshape(h.shape)      # the residual, once
 
-# %% ../book/10_parallel.ipynb #faa2a4e5
+# %% ../book/10_parallel.ipynb #03742406
 UNIT_ROUNDOFF_F32 = 2.0 ** -24
 
 
@@ -236,7 +234,7 @@ def down_abs_terms(a_fp8, a_scale, weight, weight_scale_inv) -> torch.Tensor:
         total += (dot * a_scale[:, kb, None] * w_scale[None, :]).abs()
     return total
 
-# %% ../book/10_parallel.ipynb #30b90362
+# %% ../book/10_parallel.ipynb #f126a9ff
 def _read_window(f, file, name: str, begin: int, dtype, shape, window) -> torch.Tensor:
     """Read `window` = (rows, cols) of the row-major tensor whose bytes start at offset
     `begin` of the open file `f`, and nothing else: one read for whole rows, else one
@@ -267,7 +265,7 @@ def _check_scale_window(file, name: str, t: torch.Tensor, window) -> None:
                               f"scale {t[r, c].item():.3g}; expected a normal float32 "
                               f"in [{lo:.3g}, {hi:.3g}]")
 
-# %% ../book/10_parallel.ipynb #1a6d5e78
+# %% ../book/10_parallel.ipynb #0c963318
 def load_dense_shard(checkpoint_dir, rank: int, world_size: int, layer: int = 0,
                      config: KimiK2Config | None = None,
                      device="cpu") -> TensorParallelFFN:
@@ -299,7 +297,7 @@ def load_dense_shard(checkpoint_dir, rank: int, world_size: int, layer: int = 0,
     shard.config, shard.bytes_read = config, sum(t.nbytes for t in tensors.values())
     return shard.to(device)
 
-# %% ../book/10_parallel.ipynb #291a87c4
+# %% ../book/10_parallel.ipynb #e59b86a5
 def shard_bytes(config: KimiK2Config, world_size: int) -> dict[str, int]:
     """Bytes of one rank's slice: `weights` (e4m3), `scales` (float32), `gain` (bf16,
     replicated), their `total`, and `block`, the unsharded block's total."""
@@ -321,7 +319,7 @@ def rchar() -> int | None:
     except (OSError, StopIteration, ValueError):
         return None                                 # not Linux, or no such field
 
-# %% ../book/10_parallel.ipynb #04293829
+# %% ../book/10_parallel.ipynb #2578c78b
 def _pack(obj):
     "Results travel between processes as plain bytes: tensors as (dtype, shape, bytes)."
     if isinstance(obj, torch.Tensor):
@@ -344,7 +342,7 @@ def _unpack(obj):
         return {k: _unpack(v) for k, v in obj.items()}
     return obj
 
-# %% ../book/10_parallel.ipynb #6eab90c5
+# %% ../book/10_parallel.ipynb #1a798ab5
 def _rank_main(rank, world_size, init_method, backend, results, fn, args):
     "One process of `spawn_ranks`: join the group, run `fn`, send its result back."
     if backend == "nccl":
@@ -369,7 +367,7 @@ def _restore_env(name: str, value: str | None) -> None:
     else:
         os.environ[name] = value
 
-# %% ../book/10_parallel.ipynb #5a3f020f
+# %% ../book/10_parallel.ipynb #3e04e648
 def spawn_ranks(fn, world_size: int, *args, backend: str = "gloo",
                 timeout_s: float = 600) -> list:
     """Run `fn(rank, world_size, device, *args)` in `world_size` new processes (start
@@ -404,7 +402,7 @@ def spawn_ranks(fn, world_size: int, *args, backend: str = "gloo",
             pass
     return [got[r] for r in range(world_size)]
 
-# %% ../book/10_parallel.ipynb #3025841d
+# %% ../book/10_parallel.ipynb #46c55e36
 def seeded_tokens(m: int, hidden_size: int, seed: int = 0) -> torch.Tensor:
     "[m, hidden_size] bf16 tokens from a seeded CPU generator: the same on every rank."
     g = torch.Generator().manual_seed(seed)
@@ -433,7 +431,7 @@ def tp_rank_run(rank, world_size, device, checkpoint_dir, tokens, seed, impl,
         out["reference"] = single_rank_reference(checkpoint_dir, h, impl)
     return out
 
-# %% ../book/10_parallel.ipynb #46603d9b
+# %% ../book/10_parallel.ipynb #7f2e4314
 def single_rank_reference(checkpoint_dir, h: torch.Tensor, impl: str) -> dict:
     """The unsharded block on h's device: chapter 6's loader, `ffn_partial` on all of F,
     `out = bf16(h + bf16(y))`, and `abs_terms`, the sum_k |t_k| the bound is made of."""
@@ -446,7 +444,7 @@ def single_rank_reference(checkpoint_dir, h: torch.Tensor, impl: str) -> dict:
                                       down.weight_scale_inv)
     return ref
 
-# %% ../book/10_parallel.ipynb #72f21717
+# %% ../book/10_parallel.ipynb #c321d2f9
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
@@ -471,7 +469,7 @@ def compare_with_single_rank(rank_out: dict, ref: dict, world_size: int) -> dict
     return {"groups": groups, "within": within, "ratio": ratio, "out_same": same,
             "ok": groups and within}
 
-# %% ../book/10_parallel.ipynb #e07566be
+# %% ../book/10_parallel.ipynb #b4a4ce37
 def _tp_check_parser():
     from kimi_mlp.cli import _Parser, int_in
     p = _Parser(prog="torchrun --nproc-per-node P -m kimi_mlp tp-check",
@@ -500,27 +498,32 @@ def _launch_env() -> tuple[int, int, int, int]:
         values.append(int(text))
     return tuple(values)
 
-# %% ../book/10_parallel.ipynb #1069cb5f
-def _backend(local_rank: int, local_world: int) -> tuple[str, torch.device]:
-    "NCCL with one GPU per rank; gloo on the CPU when there is no CUDA device."
+# %% ../book/10_parallel.ipynb #0a020422
+def _device(local_rank: int, local_world: int) -> torch.device:
+    "This rank's GPU (NCCL: one per rank), or the CPU (gloo) where there is no CUDA."
     if not torch.cuda.is_available():
-        return "gloo", torch.device("cpu")
+        return torch.device("cpu")
     n = torch.cuda.device_count()
     if local_world > n:
         raise ValueError(f"--nproc-per-node: expected at most {n} (one CUDA device per "
                          f"rank for NCCL), got {local_world}; to check on the CPU with "
                          "gloo instead, hide the GPUs: CUDA_VISIBLE_DEVICES=")
     torch.cuda.set_device(local_rank)
-    return "nccl", torch.device("cuda", local_rank)
+    return torch.device("cuda", local_rank)
 
 
-def _agree(ok: bool, device) -> bool:
-    "True on every rank if `ok` is True on every rank."
-    flag = torch.tensor([int(ok)], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return bool(flag.item())
+def _all_ranks_ok(error: str | None, rank: int) -> bool:
+    """Whether no rank has an error. If some have, rank 0 prints each different one
+    once, and every rank waits for that before it goes on (to exit)."""
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)           # objects travel on gloo, on the CPU
+    if rank == 0:
+        for e in dict.fromkeys(e for e in errors if e):
+            print(f"error: {e}", file=sys.stderr, flush=True)
+    dist.barrier()
+    return not any(errors)
 
-# %% ../book/10_parallel.ipynb #7362c4b3
+# %% ../book/10_parallel.ipynb #3a4fadfc
 def _reference_everywhere(checkpoint_dir, h, impl: str, config) -> dict:
     "Rank 0 runs `single_rank_reference`; every rank receives its results (broadcast)."
     m, d, f = h.shape[0], config.hidden_size, config.intermediate_size
@@ -540,7 +543,7 @@ def _reference_everywhere(checkpoint_dir, h, impl: str, config) -> dict:
         got[name] = t.view(torch.float8_e4m3fn) if name.endswith("_fp8") else t
     return got
 
-# %% ../book/10_parallel.ipynb #b3002266
+# %% ../book/10_parallel.ipynb #8bc1e956
 def _check_loaded(args, shard, rank: int, world: int, device, io: int | None):
     "Run the block on this rank and compare; returns (ok, this rank's summary line)."
     h = seeded_tokens(args.tokens, shard.config.hidden_size, args.seed).to(device)
@@ -560,44 +563,47 @@ def _check_loaded(args, shard, rank: int, world: int, device, io: int | None):
             f"≈ {c['out_same']:.1%}")
     return c["ok"] and exact, line
 
-# %% ../book/10_parallel.ipynb #b3418016
+# %% ../book/10_parallel.ipynb #a9610fdb
 def main(argv=None) -> int:
     """`torchrun --nproc-per-node P -m kimi_mlp tp-check DIR`: every rank loads its
     slice, runs the block split P ways and compares with the unsharded block; rank 0
     prints a line per rank and the verdict. Exit status 0 if every rank passed."""
     args = _tp_check_parser().parse_args(argv)
-    rank = 0
     try:
         rank, world, local_rank, local_world = _launch_env()
-        root, _ = checkpoint_root(args.dir, "DIR")
-        config = KimiK2Config.from_json(root / "config.json")
-        check_degree(config.intermediate_size, world)
-        backend, device = _backend(local_rank, local_world)
-    except (CheckpointError, ValueError, TypeError, OSError) as e:
-        if rank == 0:                     # every rank finds the same: say it once
-            print(f"error: {e}", file=sys.stderr, flush=True)
+        if world != 1 and "MASTER_ADDR" not in os.environ:
+            raise ValueError(f"WORLD_SIZE: expected 1 without torchrun's rendezvous "
+                             f"(MASTER_ADDR is not set), got {world}; start the ranks "
+                             "with torchrun")
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
-    if "MASTER_ADDR" in os.environ:      # started by torchrun: its rendezvous
+    # CPU tensors and every object collective on gloo; GPU tensors, if any, on NCCL
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    if "MASTER_ADDR" in os.environ:                   # started by torchrun
         dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
-    else:                                 # `python -m kimi_mlp tp-check`: one rank
+    else:                                             # `python -m kimi_mlp tp-check`
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     try:
-        return _run_check(args, rank, world, device, backend)
+        return _run_check(args, rank, world, local_rank, local_world)
     finally:
         dist.destroy_process_group()
 
-# %% ../book/10_parallel.ipynb #f6aa2bf1
-def _run_check(args, rank: int, world: int, device, backend: str) -> int:
-    "main inside the process group: load (every rank agrees it worked), check, report."
-    error, before = None, rchar()
+# %% ../book/10_parallel.ipynb #2e02250c
+def _run_check(args, rank: int, world: int, local_rank: int, local_world: int) -> int:
+    "main inside the group: check the input and load (every rank agrees), run, report."
+    error = None
     try:
+        root, _ = checkpoint_root(args.dir, "DIR")
+        check_degree(KimiK2Config.from_json(root / "config.json").intermediate_size,
+                     world)                           # before a byte of weight is read
+        device, before = _device(local_rank, local_world), rchar()
         shard = load_dense_shard(args.dir, rank, world, layer=args.layer)
-    except (CheckpointError, ValueError, OSError) as e:
-        error = e
-        print(f"error: rank {rank}: {e}", file=sys.stderr, flush=True)
-    if not _agree(error is None, device):
+        io = None if before is None else rchar() - before
+    except (CheckpointError, ValueError, TypeError, OSError) as e:
+        error = str(e)
+    if not _all_ranks_ok(error, rank):
         return 1
-    io = None if before is None else rchar() - before
     ok, line = _check_loaded(args, shard.to(device), rank, world, device, io)
     lines = [None] * world
     dist.all_gather_object(lines, (ok, line))
@@ -605,12 +611,12 @@ def _run_check(args, rank: int, world: int, device, backend: str) -> int:
     if rank == 0:
         for _, text in lines:
             print(text, flush=True)
-        where = "NCCL, one GPU per rank" if backend == "nccl" else "gloo on the CPU"
+        where = "NCCL, one GPU per rank" if device.type == "cuda" else "gloo on the CPU"
         print(f"tp-check: {world} rank(s), {where}, impl {args.impl}: "
               f"{'OK' if passed else 'FAIL'}", flush=True)
     return 0 if passed else 1
 
-# %% ../book/10_parallel.ipynb #a068ba3c
+# %% ../book/10_parallel.ipynb #30414ac2
 LINK_BYTES_PER_S = {"NVLink 4 (H200 SXM)": 450e9,   # 900 GB/s both ways, datasheet
                     "PCIe Gen5 x16": 64e9}          # 128 GB/s both ways, datasheet
 
@@ -626,7 +632,7 @@ def rank_floor_s(m: int, world_size: int, bytes_per_s: float, flop_per_s: float,
     costs = fused_launch_costs(m, hidden_size, intermediate_size // world_size)
     return sum(launch_floor_s(c, bytes_per_s, flop_per_s) for c in costs)
 
-# %% ../book/10_parallel.ipynb #a0594d4c
+# %% ../book/10_parallel.ipynb #b67e4a70
 def time_all_reduce(rank, world_size, device, numels, reps: int = 9,
                     calls: int = 4) -> dict:
     """Seconds per float32 all-reduce of each size in `numels`: the median over `reps`

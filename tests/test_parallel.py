@@ -202,12 +202,16 @@ def test_spawned_ranks_on_gloo(ckpt, world_size, impl):
     assert not torch.equal(ranks[0]["out_bfloat16"], ranks[0]["out_float32"])
 
 
-def test_tp_check_under_torchrun(ckpt):
+def _torchrun(ckpt, ranks):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           "--nproc-per-node", "2", "-m", "kimi_mlp", "tp-check", str(ckpt),
+           "--nproc-per-node", str(ranks), "-m", "kimi_mlp", "tp-check", str(ckpt),
            "--tokens", "3"]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=SPAWN_TIMEOUT_S,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=SPAWN_TIMEOUT_S,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def test_tp_check_under_torchrun(ckpt):
+    r = _torchrun(ckpt, 2)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == 3 and not r.stderr
@@ -217,6 +221,13 @@ def test_tp_check_under_torchrun(ckpt):
         assert "the gain: True; groups bit-identical: True;" in line
         assert "<= 1: OK" in line
     assert lines[2] == "tp-check: 2 rank(s), gloo on the CPU, impl fused: OK"
+    r = _torchrun(ckpt, 3)                   # refused, once, by rank 0, before the exit
+    assert r.returncode != 0 and not r.stdout
+    assert r.stderr.splitlines()[0] == (
+        "error: world_size: expected a tensor-parallel degree that cuts "
+        "intermediate_size 1024 (8 blocks of 128) into equal runs of whole blocks, one "
+        "of 1, 2, 4, 8; got 3")
+    assert r.stderr.count("error: world_size") == 1
 
 
 def test_tp_check_in_process(ckpt, capsys, monkeypatch):
@@ -226,14 +237,14 @@ def test_tp_check_in_process(ckpt, capsys, monkeypatch):
     assert main(["tp-check", str(ckpt), "--tokens", "2", "--impl", "torch"]) == 0
     out = capsys.readouterr().out.splitlines()       # a world of one, through the CLI
     assert out[-1] == "tp-check: 1 rank(s), gloo on the CPU, impl torch: OK"
-    monkeypatch.setenv("WORLD_SIZE", "3")             # refused before any group forms
-    for rank, said in (("0", True), ("1", False)):
-        monkeypatch.setenv("RANK", rank)
-        assert tp.main([str(ckpt)]) == 1
-        err = capsys.readouterr().err
-        assert (err == "error: world_size: expected a tensor-parallel degree that cuts "
-                "intermediate_size 1024 (8 blocks of 128) into equal runs of whole "
-                "blocks, one of 1, 2, 4, 8; got 3\n") == said and (said or not err)
+    monkeypatch.setenv("WORLD_SIZE", "3")             # no rendezvous: refused at once
+    assert tp.main([str(ckpt)]) == 1
+    assert capsys.readouterr().err == (
+        "error: WORLD_SIZE: expected 1 without torchrun's rendezvous (MASTER_ADDR is "
+        "not set), got 3; start the ranks with torchrun\n")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert tp.main([str(ckpt.parent / "no-such-checkpoint")]) == 1
+    assert capsys.readouterr().err.startswith("error: DIR: expected a directory")
     monkeypatch.setenv("RANK", "x")
     assert tp.main([str(ckpt)]) == 1
     assert "RANK: expected a non-negative int (torchrun sets it), got 'x'" in \
