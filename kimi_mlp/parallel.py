@@ -319,7 +319,7 @@ def rchar() -> int | None:
     except (OSError, StopIteration, ValueError):
         return None                                 # not Linux, or no such field
 
-# %% ../book/10_parallel.ipynb #2578c78b
+# %% ../book/10_parallel.ipynb #8145a277
 def _pack(obj):
     "Results travel between processes as plain bytes: tensors as (dtype, shape, bytes)."
     if isinstance(obj, torch.Tensor):
@@ -342,7 +342,7 @@ def _unpack(obj):
         return {k: _unpack(v) for k, v in obj.items()}
     return obj
 
-# %% ../book/10_parallel.ipynb #1a798ab5
+# %% ../book/10_parallel.ipynb #03da621c
 def _rank_main(rank, world_size, init_method, backend, results, fn, args):
     "One process of `spawn_ranks`: join the group, run `fn`, send its result back."
     if backend == "nccl":
@@ -367,7 +367,7 @@ def _restore_env(name: str, value: str | None) -> None:
     else:
         os.environ[name] = value
 
-# %% ../book/10_parallel.ipynb #3e04e648
+# %% ../book/10_parallel.ipynb #c48975b8
 def spawn_ranks(fn, world_size: int, *args, backend: str = "gloo",
                 timeout_s: float = 600) -> list:
     """Run `fn(rank, world_size, device, *args)` in `world_size` new processes (start
@@ -402,7 +402,7 @@ def spawn_ranks(fn, world_size: int, *args, backend: str = "gloo",
             pass
     return [got[r] for r in range(world_size)]
 
-# %% ../book/10_parallel.ipynb #46c55e36
+# %% ../book/10_parallel.ipynb #90259885
 def seeded_tokens(m: int, hidden_size: int, seed: int = 0) -> torch.Tensor:
     "[m, hidden_size] bf16 tokens from a seeded CPU generator: the same on every rank."
     g = torch.Generator().manual_seed(seed)
@@ -431,7 +431,7 @@ def tp_rank_run(rank, world_size, device, checkpoint_dir, tokens, seed, impl,
         out["reference"] = single_rank_reference(checkpoint_dir, h, impl)
     return out
 
-# %% ../book/10_parallel.ipynb #7f2e4314
+# %% ../book/10_parallel.ipynb #a1597571
 def single_rank_reference(checkpoint_dir, h: torch.Tensor, impl: str) -> dict:
     """The unsharded block on h's device: chapter 6's loader, `ffn_partial` on all of F,
     `out = bf16(h + bf16(y))`, and `abs_terms`, the sum_k |t_k| the bound is made of."""
@@ -444,7 +444,7 @@ def single_rank_reference(checkpoint_dir, h: torch.Tensor, impl: str) -> dict:
                                       down.weight_scale_inv)
     return ref
 
-# %% ../book/10_parallel.ipynb #c321d2f9
+# %% ../book/10_parallel.ipynb #1cbc492e
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
@@ -469,7 +469,7 @@ def compare_with_single_rank(rank_out: dict, ref: dict, world_size: int) -> dict
     return {"groups": groups, "within": within, "ratio": ratio, "out_same": same,
             "ok": groups and within}
 
-# %% ../book/10_parallel.ipynb #b4a4ce37
+# %% ../book/10_parallel.ipynb #2ce4485a
 def _tp_check_parser():
     from kimi_mlp.cli import _Parser, int_in
     p = _Parser(prog="torchrun --nproc-per-node P -m kimi_mlp tp-check",
@@ -498,7 +498,7 @@ def _launch_env() -> tuple[int, int, int, int]:
         values.append(int(text))
     return tuple(values)
 
-# %% ../book/10_parallel.ipynb #0a020422
+# %% ../book/10_parallel.ipynb #0877e587
 def _device(local_rank: int, local_world: int) -> torch.device:
     "This rank's GPU (NCCL: one per rank), or the CPU (gloo) where there is no CUDA."
     if not torch.cuda.is_available():
@@ -523,7 +523,7 @@ def _all_ranks_ok(error: str | None, rank: int) -> bool:
     dist.barrier()
     return not any(errors)
 
-# %% ../book/10_parallel.ipynb #3a4fadfc
+# %% ../book/10_parallel.ipynb #bf9157c1
 def _reference_everywhere(checkpoint_dir, h, impl: str, config) -> dict:
     "Rank 0 runs `single_rank_reference`; every rank receives its results (broadcast)."
     m, d, f = h.shape[0], config.hidden_size, config.intermediate_size
@@ -543,7 +543,7 @@ def _reference_everywhere(checkpoint_dir, h, impl: str, config) -> dict:
         got[name] = t.view(torch.float8_e4m3fn) if name.endswith("_fp8") else t
     return got
 
-# %% ../book/10_parallel.ipynb #8bc1e956
+# %% ../book/10_parallel.ipynb #a833a0a2
 def _check_loaded(args, shard, rank: int, world: int, device, io: int | None):
     "Run the block on this rank and compare; returns (ok, this rank's summary line)."
     h = seeded_tokens(args.tokens, shard.config.hidden_size, args.seed).to(device)
@@ -563,7 +563,7 @@ def _check_loaded(args, shard, rank: int, world: int, device, io: int | None):
             f"≈ {c['out_same']:.1%}")
     return c["ok"] and exact, line
 
-# %% ../book/10_parallel.ipynb #a9610fdb
+# %% ../book/10_parallel.ipynb #50ba98ba
 def main(argv=None) -> int:
     """`torchrun --nproc-per-node P -m kimi_mlp tp-check DIR`: every rank loads its
     slice, runs the block split P ways and compares with the unsharded block; rank 0
@@ -589,7 +589,7 @@ def main(argv=None) -> int:
     finally:
         dist.destroy_process_group()
 
-# %% ../book/10_parallel.ipynb #2e02250c
+# %% ../book/10_parallel.ipynb #b2381063
 def _run_check(args, rank: int, world: int, local_rank: int, local_world: int) -> int:
     "main inside the group: check the input and load (every rank agrees), run, report."
     error = None
@@ -616,7 +616,7 @@ def _run_check(args, rank: int, world: int, local_rank: int, local_world: int) -
               f"{'OK' if passed else 'FAIL'}", flush=True)
     return 0 if passed else 1
 
-# %% ../book/10_parallel.ipynb #30414ac2
+# %% ../book/10_parallel.ipynb #1c3b9172
 LINK_BYTES_PER_S = {"NVLink 4 (H200 SXM)": 450e9,   # 900 GB/s both ways, datasheet
                     "PCIe Gen5 x16": 64e9}          # 128 GB/s both ways, datasheet
 
@@ -632,7 +632,7 @@ def rank_floor_s(m: int, world_size: int, bytes_per_s: float, flop_per_s: float,
     costs = fused_launch_costs(m, hidden_size, intermediate_size // world_size)
     return sum(launch_floor_s(c, bytes_per_s, flop_per_s) for c in costs)
 
-# %% ../book/10_parallel.ipynb #b67e4a70
+# %% ../book/10_parallel.ipynb #d08f3560
 def time_all_reduce(rank, world_size, device, numels, reps: int = 9,
                     calls: int = 4) -> dict:
     """Seconds per float32 all-reduce of each size in `numels`: the median over `reps`
