@@ -1,7 +1,7 @@
 """kimi-mlp: Kimi K2's dense feed-forward block, from scratch.
 
 The modules are exported from the book's notebooks (book/*.ipynb) with nbdev; this file, written
-by hand, gathers the public API. Modules that need Triton (kernels, fused) are not imported here:
+by hand, gathers the public API. Modules that need Triton (kernels, fused, parallel) are not imported here:
 `import kimi_mlp` needs only torch, safetensors and numpy.
 """
 from .safetensors_io import CheckpointError, read_safetensors_header
@@ -20,7 +20,10 @@ __version__ = "0.1.0"
 # The fused Triton block (chapter 8) needs Triton: import it on first use, so that
 # `import kimi_mlp` works without it. Importing kimi_mlp.fused (or kimi_mlp.kernels) turns on
 # Triton's CPU interpreter when no CUDA device is present.
-_LAZY = {"FusedFp8DenseMLP": "fused", "fused_ffn_block": "fused"}
+_LAZY = {"FusedFp8DenseMLP": "fused", "fused_ffn_block": "fused",
+         # the block across ranks (chapter 10); torch.distributed, and Triton for "fused"
+         "TensorParallelFFN": "parallel", "load_dense_shard": "parallel",
+         "tp_ffn_block": "parallel"}
 
 
 def __getattr__(name):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import importlib.util
 import sys
@@ -14,8 +15,8 @@ import torch
 from .checkpoint import (CHECK_BOUNDS, SMALL_CONFIG, dense_block_float64,
                                  load_dense_block, relative_error,
                                  write_synthetic_checkpoint)
-from .config import (MAX_LAYERS, KimiK2Config, dense_mlp_parameters,
-                             parameters_in)
+from .config import (MAX_LAYERS, MAX_WIDTH, KimiK2Config,
+                             dense_mlp_parameters, parameters_in)
 from .fp8 import FP8_MODES
 from .safetensors_io import CheckpointError, checkpoint_root, checkpoint_tensors
 
@@ -28,7 +29,8 @@ EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {        # name -> (module, help
     "bench": ("kimi_mlp.harness", "GPU benchmarks (chapter 9, appendix E)"),
     "gpu-report": ("kimi_mlp.measure", "everything that needs a GPU, in one run (appendix C)"),
     "inspect": ("kimi_mlp.codegen", "the kernels compiled for sm_90a (appendix D)"),
-    "tune": ("kimi_mlp.tune", "this GPU's tile table, timed -> JSON (appendix E)")}
+    "tune": ("kimi_mlp.tune", "this GPU's tile table, timed -> JSON (appendix E)"),
+    "tp-check": ("kimi_mlp.parallel", "the block split across ranks, under torchrun (ch. 10)")}
 
 
 def register_command(name: str, run, add_arguments=None, help: str = "") -> None:
@@ -109,6 +111,8 @@ def _synth_arguments(p):
     p.add_argument("dir", help="new (or empty) directory to write")
     p.add_argument("--full-size", action="store_true",
                    help="the real 7168 / 18432 shapes (378 MiB per dense layer)")
+    p.add_argument("--intermediate-size", type=int_in(1, MAX_WIDTH), default=None,
+                   help="the MLP width of a small checkpoint (default 640)")
     p.add_argument("--seed", type=_SEED, default=0)
     p.add_argument("--layers", type=int_in(1, MAX_LAYERS), default=1,
                    help="layers to write (default 1: layer 0, dense)")
@@ -119,11 +123,17 @@ def _synth_arguments(p):
 
 
 def _synth(args):
+    if args.full_size and args.intermediate_size is not None:
+        raise ValueError("--intermediate-size: expected it without --full-size (the real "
+                         "width is 18432), got both")
     cfg = KimiK2Config() if args.full_size else SMALL_CONFIG
+    if args.intermediate_size is not None:
+        cfg = dataclasses.replace(cfg, intermediate_size=args.intermediate_size)
     print(f"writing a synthetic checkpoint: hidden {cfg.hidden_size}, intermediate "
           f"{cfg.intermediate_size}, {args.layers} layer(s), seed {args.seed}",
           flush=True)
-    write_synthetic_checkpoint(args.dir, num_layers=args.layers, seed=args.seed,
+    write_synthetic_checkpoint(args.dir, None if args.full_size else cfg,
+                               num_layers=args.layers, seed=args.seed,
                                full_size=args.full_size, single_file=args.single_file,
                                norm_separate=args.norm_separate, progress=True)
 

@@ -96,3 +96,18 @@ def test_keyboard_interrupt_is_one_line(capsys, monkeypatch):
     cli.register_command("slow", interrupted)
     assert main(["slow"]) == 130
     assert capsys.readouterr().err == "interrupted\n"
+
+
+def test_synth_intermediate_size(tmp_path, capsys):
+    "`--intermediate-size` (chapter 10): a small checkpoint of another MLP width."
+    from kimi_mlp.config import KimiK2Config
+    d = tmp_path / "wide"
+    assert main(["synth", str(d), "--intermediate-size", "1024"]) == 0
+    assert "hidden 256, intermediate 1024" in capsys.readouterr().out
+    assert KimiK2Config.from_json(d / "config.json").intermediate_size == 1024
+    assert main(["synth", str(tmp_path / "x"), "--full-size",
+                 "--intermediate-size", "1024"]) == 1
+    assert capsys.readouterr().err == (
+        "error: --intermediate-size: expected it without --full-size (the real width "
+        "is 18432), got both\n")
+    assert not (tmp_path / "x").exists()

@@ -19,6 +19,8 @@ PUBLIC_API = [
     "Fp8DenseMLP", "load_dense_block", "write_synthetic_checkpoint",
     # issue 5 (imported lazily: they need Triton)
     "FusedFp8DenseMLP", "fused_ffn_block",
+    # issue 15 (imported lazily: chapter 10's module imports the kernels)
+    "TensorParallelFFN", "load_dense_shard", "tp_ffn_block",
 ]
 
 
