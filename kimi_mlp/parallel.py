@@ -22,7 +22,7 @@ from .checkpoint import (SCALE_RANGE, _check_layer, _check_values, _empty_bytes,
                                  dense_block_tensors)
 from .config import KimiK2Config
 from .fp8 import Fp8DenseMLP, fp8_matmul_blockwise, quantize_activation
-from .fused import (_check_hidden, ffn_tensors, fused_launch_costs,
+from .fused import (FfnTensors, _check_hidden, ffn_tensors, fused_launch_costs,
                             launch_floor_s)
 from .kernels import QUANT_BLOCK   # weight blocks 128 x 128, groups 1 x 128
 from .rmsnorm import RMSNorm, rms_norm
@@ -32,7 +32,7 @@ from .safetensors_io import (CheckpointError, checkpoint_root,
 from .swiglu import silu
 
 # %% auto #0
-__all__ = ['IMPLS', 'REDUCE_DTYPES', 'UNIT_ROUNDOFF_F32', 'LINK_BYTES_PER_S', 'valid_degrees', 'check_degree', 'shard_range',
+__all__ = ['IMPLS', 'REDUCE_DTYPES', 'EPS_F32', 'LINK_BYTES_PER_S', 'valid_degrees', 'check_degree', 'shard_range',
            'shard_windows', 'TensorParallelFFN', 'slice_block', 'ffn_partial', 'tp_ffn_block', 'gamma',
            'sharded_sum_bound', 'down_abs_terms', 'load_dense_shard', 'shard_bytes', 'rchar', 'spawn_ranks',
            'seeded_tokens', 'tp_rank_run', 'single_rank_reference', 'compare_with_single_rank', 'main',
@@ -135,39 +135,38 @@ def slice_block(block: nn.Module, rank: int, world_size: int) -> TensorParallelF
     """Rank `rank`'s `TensorParallelFFN` cut from an unsharded block in memory (what
     `load_dense_block` or `random_dense_block` returns): copies of its windows."""
     t = ffn_tensors(block)
-    windows = shard_windows(t["hidden_size"], t["intermediate_size"], rank, world_size)
+    windows = shard_windows(t.hidden_size, t.intermediate_size, rank, world_size)
     state = {k: v for k, v in block.state_dict().items() if k in _FFN_KEYS}
     cut = {k: _window(v, windows[k]).contiguous().clone() for k, v in state.items()}
-    return TensorParallelFFN(cut, rank, world_size, t["intermediate_size"], t["eps"])
+    return TensorParallelFFN(cut, rank, world_size, t.intermediate_size, t.eps)
 
 # %% ../book/10_parallel.ipynb #9d4ebc94
 IMPLS = ("fused", "torch")
 
 
-def ffn_partial(rows: torch.Tensor, t: dict, impl: str = "fused") -> dict:
+def ffn_partial(rows: torch.Tensor, t: FfnTensors, impl: str = "fused") -> dict:
     """What one rank computes before the all-reduce, from the tensors `t` of
     `ffn_tensors`. rows: [M, d] bf16, the whole residual stream. Returns `x_fp8` [M, d]
     and `x_scale` [M, d/128] (the normalized input, quantized: the same on every rank),
-    `a_fp8` [M, F/P] and `a_scale` [M, F/P/128] (this rank's features of the gated
+    `p_fp8` [M, F/P] and `p_scale` [M, F/P/128] (this rank's features of the gated
     product), and `y` [M, d] float32, this rank's share of the down projection.
     impl "fused": chapter 8's kernels, launch 3 in float32 and without its residual;
     "torch": chapter 5's w8a8 forward."""
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
-    gain, eps = t["post_attention_layernorm.weight"], t["eps"]
-    w = [t[f"{p}.{s}"] for p in ("gate_proj", "up_proj", "down_proj")
-         for s in ("weight", "weight_scale_inv")]
+    gain, eps = t.norm_weight, t.eps
+    w = [t.gate, t.gate_scale, t.up, t.up_scale, t.down, t.down_scale]
     if impl == "fused":
         x_fp8, x_scale = kernels.rmsnorm_quant(rows, gain, eps)
-        a_fp8, a_scale = kernels.fp8_gate_up_swiglu_quant(x_fp8, x_scale, *w[:4])
-        y = kernels.fp8_gemm(a_fp8, a_scale, *w[4:], out_dtype=torch.float32)
+        p_fp8, p_scale = kernels.fp8_gate_up_swiglu_quant(x_fp8, x_scale, *w[:4])
+        y = kernels.fp8_gemm(p_fp8, p_scale, *w[4:], out_dtype=torch.float32)
     else:
         x_fp8, x_scale = quantize_activation(rms_norm(rows, gain, eps))
         g = fp8_matmul_blockwise(x_fp8, x_scale, *w[:2])              # [M, F/P] fp32
         u = fp8_matmul_blockwise(x_fp8, x_scale, *w[2:4])
-        a_fp8, a_scale = quantize_activation(silu(g) * u)
-        y = fp8_matmul_blockwise(a_fp8, a_scale, *w[4:])              # [M, d] fp32
-    return {"x_fp8": x_fp8, "x_scale": x_scale, "a_fp8": a_fp8, "a_scale": a_scale,
+        p_fp8, p_scale = quantize_activation(silu(g) * u)
+        y = fp8_matmul_blockwise(p_fp8, p_scale, *w[4:])              # [M, d] fp32
+    return {"x_fp8": x_fp8, "x_scale": x_scale, "p_fp8": p_fp8, "p_scale": p_scale,
             "y": y}
 
 # %% ../book/10_parallel.ipynb #c82c4bf5
@@ -192,8 +191,8 @@ def tp_ffn_block(h: torch.Tensor, shard: nn.Module, group=None, impl: str = "fus
         raise ValueError(f"group: expected {shard.world_size} ranks (the shard's "
                          f"degree), got {ranks}")
     t = ffn_tensors(shard)
-    _check_hidden(h, t["hidden_size"], t["post_attention_layernorm.weight"].device)
-    rows = h.reshape(-1, t["hidden_size"]).contiguous()
+    _check_hidden(h, t.hidden_size, t.norm_weight.device)
+    rows = h.reshape(-1, t.hidden_size).contiguous()
     p = ffn_partial(rows, t, impl)
     y = p["y"].to(reduce_dtype)                                # this rank's 128-steps
     if ranks > 1:
@@ -203,35 +202,35 @@ def tp_ffn_block(h: torch.Tensor, shard: nn.Module, group=None, impl: str = "fus
     return (y.to(torch.bfloat16) + rows).reshape(h.shape)      # the residual, once
 
 # %% ../book/10_parallel.ipynb #03742406
-UNIT_ROUNDOFF_F32 = 2.0 ** -24
+EPS_F32 = 2.0**-24   # float32's unit roundoff
 
 
-def gamma(k: int, u: float = UNIT_ROUNDOFF_F32) -> float:
-    "Higham's gamma_k = k u / (1 - k u): the most that k roundings compound to."
-    return k * u / (1 - k * u)
+def gamma(k: int, eps: float = EPS_F32) -> float:
+    "Higham's gamma_k = k eps / (1 - k eps): the most that k roundings compound to."
+    return k * eps / (1 - k * eps)
 
 
 def sharded_sum_bound(n_steps: int, world_size: int) -> float:
     """c such that |y_P - y_1| <= c * sum_k |t_k| for every output of the down
     projection: y_1 adds the n_steps terms t_k in one chain (n - 1 additions on the
     longest path), y_P n/P of them on each rank and then the P partial sums (P - 1 more
-    at most); 2u covers a term rounded alone in one sum and fused into an add in the
+    at most); 2 eps_f32 covers a term rounded alone in one sum and fused into an add in the
     other."""
     depth_p = n_steps // world_size - 1 + world_size - 1
-    return gamma(n_steps - 1) + gamma(depth_p) + 2 * UNIT_ROUNDOFF_F32
+    return gamma(n_steps - 1) + gamma(depth_p) + 2 * EPS_F32
 
 
-def down_abs_terms(a_fp8, a_scale, weight, weight_scale_inv) -> torch.Tensor:
+def down_abs_terms(p_fp8, p_scale, weight, weight_scale_inv) -> torch.Tensor:
     """sum_k |t_k| per output, [M, N] float64, where t_k is the float32 term that
     `fp8_matmul_blockwise` adds at K step k (the exact 128-term dot, times the two
     scales)."""
     n = weight.shape[0]
-    total = torch.zeros(a_fp8.shape[0], n, dtype=torch.float64, device=a_fp8.device)
+    total = torch.zeros(p_fp8.shape[0], n, dtype=torch.float64, device=p_fp8.device)
     for kb in range(weight_scale_inv.shape[1]):
         cols = slice(kb * QUANT_BLOCK, (kb + 1) * QUANT_BLOCK)
         w_scale = weight_scale_inv[:, kb].repeat_interleave(QUANT_BLOCK)[:n]
-        dot = (a_fp8[:, cols].double() @ weight[:, cols].double().T).float()
-        total += (dot * a_scale[:, kb, None] * w_scale[None, :]).abs()
+        dot = (p_fp8[:, cols].double() @ weight[:, cols].double().T).float()
+        total += (dot * p_scale[:, kb, None] * w_scale[None, :]).abs()
     return total
 
 # %% ../book/10_parallel.ipynb #f126a9ff
@@ -425,7 +424,7 @@ def tp_rank_run(rank, world_size, device, checkpoint_dir, tokens, seed, impl,
            "out_float32": tp_ffn_block(h, shard, impl=impl, parts=parts),
            "out_bfloat16": tp_ffn_block(h, shard, impl=impl,
                                         reduce_dtype=torch.bfloat16)}
-    out.update({k: parts[k] for k in ("x_fp8", "x_scale", "a_fp8", "a_scale")},
+    out.update({k: parts[k] for k in ("x_fp8", "x_scale", "p_fp8", "p_scale")},
                y_float32=parts["y"])
     if reference and rank == 0:
         out["reference"] = single_rank_reference(checkpoint_dir, h, impl)
@@ -440,7 +439,7 @@ def single_rank_reference(checkpoint_dir, h: torch.Tensor, impl: str) -> dict:
     ref = ffn_partial(h, ffn_tensors(block), impl)
     ref["out"] = ref["y"].to(torch.bfloat16) + h
     down = block.mlp.down_proj
-    ref["abs_terms"] = down_abs_terms(ref["a_fp8"], ref["a_scale"], down.weight,
+    ref["abs_terms"] = down_abs_terms(ref["p_fp8"], ref["p_scale"], down.weight,
                                       down.weight_scale_inv)
     return ref
 
@@ -458,9 +457,9 @@ def compare_with_single_rank(rank_out: dict, ref: dict, world_size: int) -> dict
     b0, b1 = f0 // QUANT_BLOCK, f1 // QUANT_BLOCK
     groups = all(torch.equal(_bits(a), _bits(b)) for a, b in (
         (rank_out["x_fp8"], ref["x_fp8"]), (rank_out["x_scale"], ref["x_scale"]),
-        (rank_out["a_fp8"], ref["a_fp8"][:, f0:f1]),
-        (rank_out["a_scale"], ref["a_scale"][:, b0:b1])))
-    c = sharded_sum_bound(ref["a_scale"].shape[1], world_size)
+        (rank_out["p_fp8"], ref["p_fp8"][:, f0:f1]),
+        (rank_out["p_scale"], ref["p_scale"][:, b0:b1])))
+    c = sharded_sum_bound(ref["p_scale"].shape[1], world_size)
     diff = (rank_out["y_float32"].double() - ref["y"].double()).abs()
     limit = c * ref["abs_terms"]
     within = bool((diff <= limit).all())
@@ -529,7 +528,7 @@ def _reference_everywhere(checkpoint_dir, h, impl: str, config) -> dict:
     m, d, f = h.shape[0], config.hidden_size, config.intermediate_size
     u8, f32 = torch.uint8, torch.float32
     layout = {"x_fp8": ((m, d), u8), "x_scale": ((m, math.ceil(d / QUANT_BLOCK)), f32),
-              "a_fp8": ((m, f), u8), "a_scale": ((m, f // QUANT_BLOCK), f32),
+              "p_fp8": ((m, f), u8), "p_scale": ((m, f // QUANT_BLOCK), f32),
               "y": ((m, d), f32), "out": ((m, d), torch.bfloat16),
               "abs_terms": ((m, d), torch.float64)}
     ref = single_rank_reference(checkpoint_dir, h, impl) if dist.get_rank() == 0 else {}
@@ -550,7 +549,7 @@ def _check_loaded(args, shard, rank: int, world: int, device, io: int | None):
     parts = {}
     out = tp_ffn_block(h, shard, impl=args.impl, parts=parts)
     ref = _reference_everywhere(args.dir, h, args.impl, shard.config)
-    mine = {k: parts[k] for k in ("x_fp8", "x_scale", "a_fp8", "a_scale")}
+    mine = {k: parts[k] for k in ("x_fp8", "x_scale", "p_fp8", "p_scale")}
     mine.update(features=torch.tensor(shard.features), y_float32=parts["y"],
                 out_float32=out)
     c = compare_with_single_rank(mine, ref, world)

@@ -117,12 +117,12 @@ def test_down_abs_terms_and_the_bound(rng):
     h = torch.randn(5, 256, generator=rng).to(torch.bfloat16)
     ref = tp.ffn_partial(h, t, "torch")
     w, s = t["down_proj.weight"], t["down_proj.weight_scale_inv"]
-    total = tp.down_abs_terms(ref["a_fp8"], ref["a_scale"], w, s)
+    total = tp.down_abs_terms(ref["p_fp8"], ref["p_scale"], w, s)
     steps = torch.zeros_like(total)
     for k in range(s.shape[1]):         # each step alone: fp8_matmul_blockwise's t_k
         cols, one = slice(128 * k, 128 * (k + 1)), slice(k, k + 1)
         steps += fp8_matmul_blockwise(
-            ref["a_fp8"][:, cols].contiguous(), ref["a_scale"][:, one].contiguous(),
+            ref["p_fp8"][:, cols].contiguous(), ref["p_scale"][:, one].contiguous(),
             w[:, cols].contiguous(), s[:, one].contiguous()).abs()
     assert torch.equal(total, steps)
     assert (total * (1 + tp.gamma(7)) >= ref["y"].double().abs()).all()   # 8 terms
@@ -141,7 +141,7 @@ def test_split_in_one_process(impl, rng):
     ref = tp.ffn_partial(h, ffn_tensors(block), impl)
     ref["out"] = ref["y"].to(torch.bfloat16) + h
     down = block.mlp.down_proj
-    ref["abs_terms"] = tp.down_abs_terms(ref["a_fp8"], ref["a_scale"], down.weight,
+    ref["abs_terms"] = tp.down_abs_terms(ref["p_fp8"], ref["p_scale"], down.weight,
                                          down.weight_scale_inv)
     for p in (1, 2, 4, 8) if impl == "torch" else (1, 2):     # the interpreter is slow
         parts = [tp.ffn_partial(h, ffn_tensors(tp.slice_block(block, r, p)), impl)
