@@ -24,13 +24,20 @@ from .safetensors_io import CheckpointError, checkpoint_root, checkpoint_tensors
 __all__ = ['COMMANDS', 'EXTERNAL_COMMANDS', 'register_command', 'int_in', 'build_parser', 'main']
 
 # %% ../book/appendix_b_cli.ipynb #6d35a103
-COMMANDS: dict[str, tuple[str, object, object]] = {}   # name -> (help, add_args, run)
-EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {        # name -> (module, help)
+COMMANDS: dict[str, tuple[str, object, object]] = {}  # name -> (help, add_args, run)
+EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {  # name -> (module, help)
     "bench": ("kimi_mlp.harness", "GPU benchmarks (chapter 9, appendix E)"),
-    "gpu-report": ("kimi_mlp.measure", "everything that needs a GPU, in one run (appendix C)"),
+    "gpu-report": (
+        "kimi_mlp.measure",
+        "everything that needs a GPU, in one run (appendix C)",
+    ),
     "inspect": ("kimi_mlp.codegen", "the kernels compiled for sm_90a (appendix D)"),
     "tune": ("kimi_mlp.tune", "this GPU's tile table, timed -> JSON (appendix E)"),
-    "tp-check": ("kimi_mlp.parallel", "the block split across ranks, under torchrun (ch. 10)")}
+    "tp-check": (
+        "kimi_mlp.parallel",
+        "the block split across ranks, under torchrun (ch. 10)",
+    ),
+}
 
 
 def register_command(name: str, run, add_arguments=None, help: str = "") -> None:
@@ -109,33 +116,58 @@ _SEED = int_in(0, 2**63 - 1)
 
 def _synth_arguments(p):
     p.add_argument("dir", help="new (or empty) directory to write")
-    p.add_argument("--full-size", action="store_true",
-                   help="the real 7168 / 18432 shapes (378 MiB per dense layer)")
-    p.add_argument("--intermediate-size", type=int_in(1, MAX_WIDTH), default=None,
-                   help="the MLP width of a small checkpoint (default 640)")
+    p.add_argument(
+        "--full-size",
+        action="store_true",
+        help="the real 7168 / 18432 shapes (378 MiB per dense layer)",
+    )
+    p.add_argument(
+        "--intermediate-size",
+        type=int_in(1, MAX_WIDTH),
+        default=None,
+        help="the MLP width of a small checkpoint (default 640)",
+    )
     p.add_argument("--seed", type=_SEED, default=0)
-    p.add_argument("--layers", type=int_in(1, MAX_LAYERS), default=1,
-                   help="layers to write (default 1: layer 0, dense)")
-    p.add_argument("--norm-separate", action="store_true",
-                   help="put the norm gains in a shard of their own")
-    p.add_argument("--single-file", action="store_true",
-                   help="one model.safetensors, no index")
+    p.add_argument(
+        "--layers",
+        type=int_in(1, MAX_LAYERS),
+        default=1,
+        help="layers to write (default 1: layer 0, dense)",
+    )
+    p.add_argument(
+        "--norm-separate",
+        action="store_true",
+        help="put the norm gains in a shard of their own",
+    )
+    p.add_argument(
+        "--single-file", action="store_true", help="one model.safetensors, no index"
+    )
 
 
 def _synth(args):
     if args.full_size and args.intermediate_size is not None:
-        raise ValueError("--intermediate-size: expected it without --full-size (the real "
-                         "width is 18432), got both")
+        raise ValueError(
+            "--intermediate-size: expected it without --full-size (the real "
+            "width is 18432), got both"
+        )
     cfg = KimiK2Config() if args.full_size else SMALL_CONFIG
     if args.intermediate_size is not None:
         cfg = dataclasses.replace(cfg, intermediate_size=args.intermediate_size)
-    print(f"writing a synthetic checkpoint: hidden {cfg.hidden_size}, intermediate "
-          f"{cfg.intermediate_size}, {args.layers} layer(s), seed {args.seed}",
-          flush=True)
-    write_synthetic_checkpoint(args.dir, None if args.full_size else cfg,
-                               num_layers=args.layers, seed=args.seed,
-                               full_size=args.full_size, single_file=args.single_file,
-                               norm_separate=args.norm_separate, progress=True)
+    print(
+        f"writing a synthetic checkpoint: hidden {cfg.hidden_size}, intermediate "
+        f"{cfg.intermediate_size}, {args.layers} layer(s), seed {args.seed}",
+        flush=True,
+    )
+    write_synthetic_checkpoint(
+        args.dir,
+        None if args.full_size else cfg,
+        num_layers=args.layers,
+        seed=args.seed,
+        full_size=args.full_size,
+        single_file=args.single_file,
+        norm_separate=args.norm_separate,
+        progress=True,
+    )
 
 # %% ../book/appendix_b_cli.ipynb #323b050b
 def _info_arguments(p):

@@ -257,8 +257,27 @@ def _check_mode(mode):
         raise ValueError(f"mode: expected one of {FP8_MODES}, got {mode!r}")
     return mode
 
+# %% ../book/05_fp8.ipynb #4b076b1f
+class _Fp8LinearFrom:
+    "`Fp8Linear`'s constructor from a bf16 layer (a mixin, so each cell stays short)."
+
+    @classmethod
+    def from_linear(cls, linear_or_weight, block_size=(128, 128),
+                    mode: str = "w8a16") -> "Fp8Linear":
+        "Quantize an `nn.Linear` (no bias) or an [out, in] weight tensor."
+        w = linear_or_weight
+        if isinstance(w, nn.Linear):
+            if w.bias is not None:
+                raise ValueError("linear_or_weight: expected a Linear without bias, "
+                                 "got one with a bias")
+            w = w.weight.detach()
+        _check_floating("linear_or_weight", w, rank=2)
+        m = cls(w.shape[1], w.shape[0], block_size=block_size, mode=mode)
+        m.weight, m.weight_scale_inv = quantize_weight_blockwise(w, block_size)
+        return m
+
 # %% ../book/05_fp8.ipynb #85bd40bb
-class Fp8Linear(nn.Module):
+class Fp8Linear(_Fp8LinearFrom, nn.Module):
     """A bias-free Linear whose weight is stored as in the checkpoint: buffers `weight`
     ([out_features, in_features] float8_e4m3fn) and `weight_scale_inv`
     ([ceil(out/bn), ceil(in/bk)] float32). `mode` picks the forward: "w8a16"
@@ -278,21 +297,6 @@ class Fp8Linear(nn.Module):
         self.register_buffer("weight_scale_inv", torch.ones(
             math.ceil(out_features / bn), math.ceil(in_features / bk),
             dtype=torch.float32))
-
-    @classmethod
-    def from_linear(cls, linear_or_weight, block_size=(128, 128),
-                    mode: str = "w8a16") -> "Fp8Linear":
-        "Quantize an `nn.Linear` (no bias) or an [out, in] weight tensor."
-        w = linear_or_weight
-        if isinstance(w, nn.Linear):
-            if w.bias is not None:
-                raise ValueError("linear_or_weight: expected a Linear without bias, "
-                                 "got one with a bias")
-            w = w.weight.detach()
-        _check_floating("linear_or_weight", w, rank=2)
-        m = cls(w.shape[1], w.shape[0], block_size=block_size, mode=mode)
-        m.weight, m.weight_scale_inv = quantize_weight_blockwise(w, block_size)
-        return m
 
     def dequantized_weight(self, dtype=torch.bfloat16) -> torch.Tensor:
         "The weight as `dtype`: [out_features, in_features]."
@@ -314,30 +318,10 @@ class Fp8Linear(nn.Module):
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"block_size={self.block_size}, mode={self.mode!r}")
 
-# %% ../book/05_fp8.ipynb #68b8cf82
-class Fp8DenseMLP(nn.Module):
-    """Kimi K2's dense SwiGLU MLP, FP8 block-scaled: `down(silu(gate(x)) * up(x))`.
-
-    `gate_proj`, `up_proj`: Fp8Linear(hidden -> intermediate); `down_proj`:
-    Fp8Linear(intermediate -> hidden). x: [..., hidden] bf16 -> y: [..., hidden] in
-    x.dtype.
-    - "w8a16": every step in x.dtype, like the reference modeling_deepseek.py with
-      dequantized weights.
-    - "w8a8": gate and up by `fp8_linear_w8a8` with float32 outputs,
-      `p = silu(g) * u` in float32, then `fp8_linear_w8a8(p, down)` rounded to x.dtype
-      (the fused kernels' reference).
-    """
-    PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-
-    def __init__(self, hidden_size: int, intermediate_size: int, block_size=(128, 128),
-                 mode: str = "w8a16"):
-        super().__init__()
-        _check_positive_int("hidden_size", hidden_size)
-        _check_positive_int("intermediate_size", intermediate_size)
-        self.hidden_size, self.intermediate_size = d, f = hidden_size, intermediate_size
-        self.gate_proj = Fp8Linear(d, f, block_size, mode)
-        self.up_proj = Fp8Linear(d, f, block_size, mode)
-        self.down_proj = Fp8Linear(f, d, block_size, mode)
+# %% ../book/05_fp8.ipynb #902fad71
+class _Fp8DenseMLPMixin:
+    """`Fp8DenseMLP`'s constructor from a bf16 MLP, and its `mode` and `block_size`,
+    read from and set on its three layers (a mixin, so each cell stays short)."""
 
     @property
     def mode(self) -> str:
@@ -366,6 +350,31 @@ class Fp8DenseMLP(nn.Module):
         for name, lin in zip(cls.PROJECTIONS, linears):
             setattr(m, name, Fp8Linear.from_linear(lin, block_size, mode))
         return m
+
+# %% ../book/05_fp8.ipynb #68b8cf82
+class Fp8DenseMLP(_Fp8DenseMLPMixin, nn.Module):
+    """Kimi K2's dense SwiGLU MLP, FP8 block-scaled: `down(silu(gate(x)) * up(x))`.
+
+    `gate_proj`, `up_proj`: Fp8Linear(hidden -> intermediate); `down_proj`:
+    Fp8Linear(intermediate -> hidden). x: [..., hidden] bf16 -> y: [..., hidden] in
+    x.dtype.
+    - "w8a16": every step in x.dtype, like the reference modeling_deepseek.py with
+      dequantized weights.
+    - "w8a8": gate and up by `fp8_linear_w8a8` with float32 outputs,
+      `p = silu(g) * u` in float32, then `fp8_linear_w8a8(p, down)` rounded to x.dtype
+      (the fused kernels' reference).
+    """
+    PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+    def __init__(self, hidden_size: int, intermediate_size: int, block_size=(128, 128),
+                 mode: str = "w8a16"):
+        super().__init__()
+        _check_positive_int("hidden_size", hidden_size)
+        _check_positive_int("intermediate_size", intermediate_size)
+        self.hidden_size, self.intermediate_size = d, f = hidden_size, intermediate_size
+        self.gate_proj = Fp8Linear(d, f, block_size, mode)
+        self.up_proj = Fp8Linear(d, f, block_size, mode)
+        self.down_proj = Fp8Linear(f, d, block_size, mode)
 
     def forward(self, x: torch.Tensor, mode: str | None = None) -> torch.Tensor:
         "x: [..., hidden_size] -> y: [..., hidden_size] in x.dtype."

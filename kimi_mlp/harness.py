@@ -15,17 +15,43 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from . import kernels  # imported first: turns on TRITON_INTERPRET when there is no GPU
-from .bench import (BENCH_M, HIDDEN, INTERMEDIATE, ffn_flop, ffn_min_bytes,
-                            roofline_floor_s, timings)
+from kimi_mlp import (
+    kernels,
+)  # imported first: turns on TRITON_INTERPRET when there is no GPU
+from kimi_mlp.bench import (
+    BENCH_M,
+    HIDDEN,
+    INTERMEDIATE,
+    ffn_flop,
+    ffn_min_bytes,
+    roofline_floor_s,
+    timings,
+)
 from .checkpoint import relative_error
 from .fp8 import quantize_activation
 from .fp8 import quantize_weight_blockwise
-from .fused import (FfnTensors, FusedFp8DenseMLP, deepgemm_measure, ffn_tensors,
-                            fused_launch_costs, launch_floor_s, random_dense_block)
-from .measure import (TILES_SCHEMA, _parse_m, dequantized_weights, environment,
-                              load_tiles, measure_ceilings, median_ms, tiles_file_name,
-                              time_ms, torch_bf16_ffn)
+from kimi_mlp.fused import (
+    FfnTensors,
+    FusedFp8DenseMLP,
+    deepgemm_measure,
+    ffn_tensors,
+    fused_launch_costs,
+    launch_floor_s,
+    random_dense_block,
+)
+from kimi_mlp.measure import (
+    GRAPH_MAX_M,
+    TILES_SCHEMA,
+    _parse_m,
+    dequantized_weights,
+    environment,
+    load_tiles,
+    measure_ceilings,
+    median_ms,
+    tiles_file_name,
+    time_ms,
+    torch_bf16_ffn,
+)
 
 # %% auto #0
 __all__ = ['PROVIDERS', 'SMOKE_SHAPES', 'SMOKE_M', 'BENCH_BOUNDS', 'BENCH_SCHEMA', 'TUNE_SHAPES', 'TUNE_M', 'unfused_w8a8_ffn',
@@ -41,7 +67,7 @@ PROVIDERS = {
     "fused": "fused Triton, FusedFp8DenseMLP (chapter 8)",
     "scaled_mm": "unfused W8A8 with torch._scaled_mm block-scaled (cuBLAS)",
 }
-SMOKE_SHAPES = (320, 704)                                          # hidden, intermediate for --cpu-smoke
+SMOKE_SHAPES = (320, 704)  # hidden, intermediate for --cpu-smoke
 SMOKE_M = (1, 5)
 
 
@@ -51,12 +77,18 @@ def _act_quant():
         fn = getattr(kernels, name, None)
         if callable(fn):
             return fn, f"kimi_mlp.kernels.{name} (Triton, one launch)"
-    return quantize_activation, ("kimi_mlp.fp8.quantize_activation "
-                                 "(torch, several launches: no Triton act_quant)")
+    return (
+        quantize_activation,
+        (
+            "kimi_mlp.fp8.quantize_activation "
+            "(torch, several launches: no Triton act_quant)"
+        ),
+    )
 
 
-def unfused_w8a8_ffn(h: torch.Tensor, t: FfnTensors, act_quant=quantize_activation,
-                     gemm=None) -> torch.Tensor:
+def unfused_w8a8_ffn(
+    h: torch.Tensor, t: FfnTensors, act_quant=quantize_activation, gemm=None
+) -> torch.Tensor:
     """The FFN half as DeepSeek's reference structures it, one launch per step, bf16
     between steps. h: [M, d] bf16; t: `ffn_tensors(block)`; `gemm(a_fp8, a_scale, w_fp8,
     w_scale) -> [M, N] bf16` (default chapter 7's `fp8_gemm`). Returns [M, d] bf16."""
@@ -69,63 +101,82 @@ def unfused_w8a8_ffn(h: torch.Tensor, t: FfnTensors, act_quant=quantize_activati
 
 
 def pad_rows(a_fp8: torch.Tensor, a_scale: torch.Tensor, multiple: int = 4):
-    """Pad [M, K] codes and their [M, K/128] scales with zero rows (scale 1) to a multiple of
-    `multiple` rows; returns them unchanged when M already is one."""
+    """Pad [M, K] codes and their [M, K/128] scales with zero rows (scale 1) to a
+    multiple of `multiple` rows; returns them unchanged when M already is one."""
     m = a_fp8.shape[0]
     pad = -m % multiple
     if pad == 0:
         return a_fp8, a_scale
     codes = torch.zeros(m + pad, a_fp8.shape[1], dtype=a_fp8.dtype, device=a_fp8.device)
     codes[:m] = a_fp8
-    scales = torch.ones(m + pad, a_scale.shape[1], dtype=a_scale.dtype, device=a_scale.device)
+    scales = torch.ones(
+        m + pad, a_scale.shape[1], dtype=a_scale.dtype, device=a_scale.device
+    )
     scales[:m] = a_scale
     return codes, scales
 
 
 def scaled_mm_blockwise(a_fp8, a_scale, w_fp8, w_scale) -> torch.Tensor:
-    """`a @ w.T` by cuBLAS's block-scaled FP8 GEMM: `torch._scaled_mm` with a [M, K] e4m3 and its
-    [M, K/128] scales (1 x 128 blocks, passed outer-dim-major), w [N, K] e4m3 (passed as the
-    column-major [K, N] view) and its [N/128, K/128] scales (passed transposed). Returns [M, N] bf16.
-    M is padded to a multiple of 4 (the scales' outer dimension must stay 16-byte aligned)."""
+    """`a @ w.T` by cuBLAS's block-scaled FP8 GEMM: `torch._scaled_mm` with a [M, K]
+    e4m3 and its [M, K/128] scales (1 x 128 blocks, passed outer-dim-major), w [N, K]
+    e4m3 (passed as the column-major [K, N] view) and its [N/128, K/128] scales (passed
+    transposed). Returns [M, N] bf16. M is padded to a multiple of 4 (the scales' outer
+    dimension must stay 16-byte aligned).
+    """
     m = a_fp8.shape[0]
     a_fp8, a_scale = pad_rows(a_fp8, a_scale, 4)
-    out = torch._scaled_mm(a_fp8, w_fp8.t(), scale_a=a_scale.t().contiguous().t(), scale_b=w_scale.t(),
-                           out_dtype=torch.bfloat16)
+    out = torch._scaled_mm(
+        a_fp8,
+        w_fp8.t(),
+        scale_a=a_scale.t().contiguous().t(),
+        scale_b=w_scale.t(),
+        out_dtype=torch.bfloat16,
+    )
     return out[:m]
 
 
 def probe_scaled_mm(device) -> str | None:
-    "None if block-scaled `torch._scaled_mm` runs and is right on `device`, else the reason it is skipped."
+    """None if block-scaled `torch._scaled_mm` runs and is right on `device`, else the
+    reason it is skipped."""
     device = torch.device(device)
     if not hasattr(torch, "_scaled_mm"):
         return f"torch {torch.__version__} has no torch._scaled_mm"
     if device.type != "cuda":
         return "needs a CUDA device (cuBLAS block-scaled FP8 GEMM)"
     if torch.cuda.get_device_capability(device) < (9, 0):
-        return f"needs compute capability 9.0 or more, got {torch.cuda.get_device_capability(device)}"
+        return (
+            "needs compute capability 9.0 or more, got"
+            f" {torch.cuda.get_device_capability(device)}"
+        )
     gen = torch.Generator(device=device).manual_seed(0)
     a, a_s = quantize_activation(torch.randn(16, 256, generator=gen, device=device))
     w = torch.randn(256, 256, generator=gen, device=device).to(torch.float8_e4m3fn)
     w_s = torch.rand(2, 2, generator=gen, device=device) + 0.5
     try:
         out = scaled_mm_blockwise(a, a_s, w, w_s)
-    except Exception as e:                                             # an unsupported build or device
+    except Exception as e:  # an unsupported build or device
         return f"torch._scaled_mm refused 1x128/128x128 block scales: {_reason(e)}"
     ref = kernels.fp8_gemm(a, a_s, w, w_s, torch.float32)
     err = relative_error(out, ref)
-    return None if err <= 1e-2 else f"torch._scaled_mm block-scaled result wrong: relative error {err:.1e}"
+    return (
+        None
+        if err <= 1e-2
+        else f"torch._scaled_mm block-scaled result wrong: relative error {err:.1e}"
+    )
 
 
 def make_providers(block, names=tuple(PROVIDERS), w_bf16: dict | None = None) -> dict:
-    """{name: {"fn": h -> out, "label", "available", "reason"}} for the providers in `names`.
-    h: [M, d] bf16 on the block's device."""
+    """{name: {"fn": h -> out, "label", "available", "reason"}} for the providers in
+    `names`. h: [M, d] bf16 on the block's device."""
     t = ffn_tensors(block)
     device = t.norm_weight.device
     act_quant, act_desc = _act_quant()
     out = {}
     for name in names:
         if name not in PROVIDERS:
-            raise ValueError(f"providers: expected names from {list(PROVIDERS)}, got {name!r}")
+            raise ValueError(
+                f"providers: expected names from {list(PROVIDERS)}, got {name!r}"
+            )
         p = {"label": PROVIDERS[name], "available": True, "reason": None}
         if name == "torch_bf16":
             w = w_bf16 if w_bf16 is not None else dequantized_weights(block)
@@ -134,28 +185,40 @@ def make_providers(block, names=tuple(PROVIDERS), w_bf16: dict | None = None) ->
             p["fn"] = lambda h: unfused_w8a8_ffn(h, t, act_quant)
             p["act_quant"] = act_desc
         elif name == "fused":
-            p["fn"] = FusedFp8DenseMLP(block)          # checked once, launched thin
+            p["fn"] = FusedFp8DenseMLP(block)  # checked once, launched thin
         else:
             p["reason"] = probe_scaled_mm(device)
             p["available"] = p["reason"] is None
-            p["fn"] = lambda h: unfused_w8a8_ffn(h, t, act_quant, gemm=scaled_mm_blockwise)
+            p["fn"] = lambda h: unfused_w8a8_ffn(
+                h, t, act_quant, gemm=scaled_mm_blockwise
+            )
             p["act_quant"] = act_desc
         out[name] = p
     return out
 
 # %% ../book/appendix_e_harness.ipynb #ce13b402
-BENCH_BOUNDS = {"deepgemm": 1e-3, "rel_mlp_fused": 1e-2, "rel_mlp_other": 2.0 ** -3}
+BENCH_BOUNDS = {"deepgemm": 1e-3, "rel_mlp_fused": 1e-2, "rel_mlp_other": 2.0**-3}
 
 
-def check_output(name: str, out: torch.Tensor, h: torch.Tensor, ref16: torch.Tensor,
-                 ref8: torch.Tensor) -> dict:
-    """Errors of provider `name`'s output against the references, and whether they meet BENCH_BOUNDS:
-    DeepGEMM's measure on the block output against w8a16 (`torch_bf16` itself: against w8a8), and the
-    relative error of the MLP part `out - h` against w8a8."""
+def check_output(
+    name: str,
+    out: torch.Tensor,
+    h: torch.Tensor,
+    ref16: torch.Tensor,
+    ref8: torch.Tensor,
+) -> dict:
+    """Errors of provider `name`'s output against the references, and whether they meet
+    BENCH_BOUNDS: DeepGEMM's measure on the block output against w8a16 (`torch_bf16`
+    itself: against w8a8), and the relative error of the MLP part `out - h` against
+    w8a8."""
     dg = deepgemm_measure(out, ref8 if name == "torch_bf16" else ref16)
     rel = relative_error(out - h, ref8 - h)
     bound = BENCH_BOUNDS["rel_mlp_fused" if name == "fused" else "rel_mlp_other"]
-    ok = bool(torch.isfinite(out).all()) and dg < BENCH_BOUNDS["deepgemm"] and rel <= bound
+    ok = (
+        bool(torch.isfinite(out).all())
+        and dg < BENCH_BOUNDS["deepgemm"]
+        and rel <= bound
+    )
     return {"deepgemm": dg, "rel_err_mlp": rel, "rel_bound": bound, "ok": ok}
 
 # %% ../book/appendix_e_harness.ipynb #c75d11db
@@ -163,26 +226,36 @@ BENCH_SCHEMA = "kimi-mlp-bench/1"
 
 
 def fused_launches(block, h: torch.Tensor) -> dict:
-    """The fused block's three launches as separate zero-argument calls on inputs prepared from h
-    ([M, d] bf16), keyed like `fused_launch_costs`: timing each one shows where the time goes."""
+    """The fused block's three launches as separate zero-argument calls on inputs
+    prepared from h ([M, d] bf16), keyed like `fused_launch_costs`: timing each one
+    shows where the time goes.
+    """
     t = ffn_tensors(block)
     gain, eps = t.norm_weight, t.eps
     gate, down = (t.gate, t.gate_scale, t.up, t.up_scale), (t.down, t.down_scale)
     x, xs = kernels.rmsnorm_quant(h, gain, eps)
     a, a_s = kernels.fp8_gate_up_swiglu_quant(x, xs, *gate)
-    return {"rmsnorm_quant": lambda: kernels.rmsnorm_quant(h, gain, eps),
-            "fp8_gate_up_swiglu_quant": lambda: kernels.fp8_gate_up_swiglu_quant(x, xs, *gate),
-            "fp8_down_residual": lambda: kernels.fp8_down_residual(a, a_s, *down, h)}
+    return {
+        "rmsnorm_quant": lambda: kernels.rmsnorm_quant(h, gain, eps),
+        "fp8_gate_up_swiglu_quant": lambda: kernels.fp8_gate_up_swiglu_quant(
+            x, xs, *gate
+        ),
+        "fp8_down_residual": lambda: kernels.fp8_down_residual(a, a_s, *down, h),
+    }
 
 
 def _kernel_choices(m: int, d: int, f: int, device) -> dict:
     """The plans (chapter 7's `plan_gemm`, with this GPU's SM count and measured table)
     the fused block launches for m tokens, recorded beside the timings."""
     device = torch.device(device)
-    plans = {"gate_up": kernels._plan_for("gate_up", m, f, d, device),
-             "down": kernels._plan_for("down", m, d, f, device)}
-    return {kind: {key: v for key, v in p.items() if key != "meta"}
-            for kind, p in plans.items()}
+    plans = {
+        "gate_up": kernels._plan_for("gate_up", m, f, d, device),
+        "down": kernels._plan_for("down", m, d, f, device),
+    }
+    return {
+        kind: {key: v for key, v in p.items() if key != "meta"}
+        for kind, p in plans.items()
+    }
 
 
 def _reason(e: BaseException) -> str:
@@ -191,52 +264,94 @@ def _reason(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
-def bench(ms=None, providers=tuple(PROVIDERS), *, cpu_smoke: bool = False, hidden_size: int = HIDDEN,
-          intermediate_size: int = INTERMEDIATE, rep_ms: int = 100, warmup_ms: int = 25,
-          graph_max_m: int = 256, seed: int = 0, ceilings: bool = True, git_commit: str | None = None,
-          budget_s: float | None = None, log=print, on_update=None) -> dict:
-    """Check and time the providers for each M; returns the JSON-ready record (schema BENCH_SCHEMA).
+def bench(
+    ms=None,
+    providers=tuple(PROVIDERS),
+    *,
+    cpu_smoke: bool = False,
+    hidden_size: int = HIDDEN,
+    intermediate_size: int = INTERMEDIATE,
+    rep_ms: int = 100,
+    warmup_ms: int = 25,
+    graph_max_m: int = GRAPH_MAX_M,
+    seed: int = 0,
+    ceilings: bool = True,
+    git_commit: str | None = None,
+    budget_s: float | None = None,
+    log=print,
+    on_update=None,
+) -> dict:
+    """Check and time the providers for each M; returns the JSON-ready record (schema
+    BENCH_SCHEMA).
 
-    On CUDA: real shapes by default, ceilings measured first, times via `time_ms` (median, 20th
-    and 80th percentiles).
-    `cpu_smoke`: hidden/intermediate = SMOKE_SHAPES, M = SMOKE_M, interpreter, no timings, no ceilings.
-    `budget_s`: start no new M after this many seconds (the record says which M were left out).
-    `on_update(record)`: called after each M (e.g. to save partial results). A step that raises is
-    recorded in `skipped` (or `ceilings.error`) and the sweep goes on.
+    On CUDA: real shapes by default, ceilings measured first, times via `time_ms`
+    (median, 20th and 80th percentiles). `cpu_smoke`: hidden/intermediate =
+    SMOKE_SHAPES, M = SMOKE_M, interpreter, no timings, no ceilings. `budget_s`: start
+    no new M after this many seconds (the record says which M were left out).
+    `on_update(record)`: called after each M (e.g. to save partial results). A step that
+    raises is recorded in `skipped` (or `ceilings.error`) and the sweep goes on.
     """
     cuda = torch.cuda.is_available()
     if not cuda and not cpu_smoke:
-        raise RuntimeError("bench: expected a CUDA device; without one use cpu_smoke=True (--cpu-smoke), "
-                           "which checks the harness at tiny shapes and times nothing")
+        raise RuntimeError(
+            "bench: expected a CUDA device; without one use cpu_smoke=True"
+            " (--cpu-smoke), which checks the harness at tiny shapes and times nothing"
+        )
     timed = cuda and not cpu_smoke
     device = "cuda" if cuda else "cpu"
     d, f = SMOKE_SHAPES if cpu_smoke else (hidden_size, intermediate_size)
     ms = tuple(ms or (SMOKE_M if cpu_smoke else BENCH_M))
     t0 = time.perf_counter()
-    record = {"schema": BENCH_SCHEMA, "kind": "measurement" if timed else "cpu-smoke", "complete": False,
-              "environment": environment(git_commit), "entry_point": "python -m kimi_mlp bench",
-              "shapes": {"hidden_size": d, "intermediate_size": f, "block_size": [128, 128]},
-              "settings": {"m": list(ms), "providers": list(providers), "rep_ms": rep_ms,
-                           "warmup_ms": warmup_ms, "graph_max_m": graph_max_m, "seed": seed,
-                           "budget_s": budget_s, "bounds": BENCH_BOUNDS},
-              "ceilings": None, "providers": {}, "kernel_choices": {}, "results": [], "launches": [],
-              "skipped": [],
-              "not_run_m": []}
+    record = {
+        "schema": BENCH_SCHEMA,
+        "kind": "measurement" if timed else "cpu-smoke",
+        "complete": False,
+        "environment": environment(git_commit),
+        "entry_point": "python -m kimi_mlp bench",
+        "shapes": {"hidden_size": d, "intermediate_size": f, "block_size": [128, 128]},
+        "settings": {
+            "m": list(ms),
+            "providers": list(providers),
+            "rep_ms": rep_ms,
+            "warmup_ms": warmup_ms,
+            "graph_max_m": graph_max_m,
+            "seed": seed,
+            "budget_s": budget_s,
+            "bounds": BENCH_BOUNDS,
+        },
+        "ceilings": None,
+        "providers": {},
+        "kernel_choices": {},
+        "results": [],
+        "launches": [],
+        "skipped": [],
+        "not_run_m": [],
+    }
     env = record["environment"]
-    log(f"bench: {env.get('gpu', 'CPU, Triton interpreter')} | torch {env['torch']} | "
-        f"triton {env['triton']} | "
-        f"hidden {d}, intermediate {f} | M {list(ms)}{'' if timed else ' | smoke test: nothing is timed'}")
+    log(
+        f"bench: {env.get('gpu', 'CPU, Triton interpreter')} | torch {env['torch']} |"
+        f" triton {env['triton']} | hidden {d}, intermediate {f} | M"
+        f" {list(ms)}{'' if timed else ' | smoke test: nothing is timed'}"
+    )
     if timed:
-        torch.backends.cuda.matmul.allow_tf32 = False                  # the float32 reference stays float32
+        torch.backends.cuda.matmul.allow_tf32 = (
+            False  # the float32 reference stays float32
+        )
         if ceilings:
             try:
                 c = measure_ceilings(rep_ms)
                 record["ceilings"] = c
-                fp8 = f"{c['fp8_flop_per_s'] / 1e12:.0f}" if c["fp8_flop_per_s"] else "n/a"
-                log(f"ceilings: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 "
+                fp8 = (
+                    f"{c['fp8_flop_per_s'] / 1e12:.0f}"
+                    if c["fp8_flop_per_s"]
+                    else "n/a"
+                )
+                log(
+                    f"ceilings: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 "
                     f"{c['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s, fp8 {fp8} TFLOP/s "
-                    f"({time.perf_counter() - t0:.0f} s)")
-            except Exception as e:                                     # keep the sweep; say what failed
+                    f"({time.perf_counter() - t0:.0f} s)"
+                )
+            except Exception as e:  # keep the sweep; say what failed
                 record["ceilings_error"] = _reason(e)
                 log(f"ceilings: not measured: {record['ceilings_error']}")
     block = random_dense_block(d, f, device=device, seed=seed)
@@ -246,7 +361,11 @@ def bench(ms=None, providers=tuple(PROVIDERS), *, cpu_smoke: bool = False, hidde
         record["providers"][name] = {k: v for k, v in p.items() if k != "fn"}
         if not p["available"]:
             log(f"{name}: skipped: {p['reason']}")
-    log(f"{'M':>5} " + " ".join(f"{n:>14}" for n in provs) + ("   (µs, median)" if timed else ""))
+    log(
+        f"{'M':>5} "
+        + " ".join(f"{n:>14}" for n in provs)
+        + ("   (µs, median)" if timed else "")
+    )
     for i, m in enumerate(ms):
         if budget_s is not None and time.perf_counter() - t0 > budget_s:
             record["not_run_m"] = list(ms[i:])
@@ -267,37 +386,67 @@ def bench(ms=None, providers=tuple(PROVIDERS), *, cpu_smoke: bool = False, hidde
                     cells.append("skipped")
                     continue
                 try:
-                    out = p["fn"](h)                                   # warm-up: compiles on first use
-                except Exception as e:                                 # e.g. a shape the library refuses
-                    record["skipped"].append({"provider": name, "m": m, "reason": _reason(e)})
+                    out = p["fn"](h)  # warm-up: compiles on first use
+                except Exception as e:  # e.g. a shape the library refuses
+                    record["skipped"].append(
+                        {"provider": name, "m": m, "reason": _reason(e)}
+                    )
                     cells.append("error")
                     continue
-                row = {"provider": name, "m": m, **check_output(name, out, h, ref16, ref8),
-                       "median_ms": None, "p20_ms": None, "p80_ms": None, "timer": None}
+                row = {
+                    "provider": name,
+                    "m": m,
+                    **check_output(name, out, h, ref16, ref8),
+                    "median_ms": None,
+                    "p20_ms": None,
+                    "p80_ms": None,
+                    "timer": None,
+                }
                 del out
                 if row["ok"] and timed:
                     fn = p["fn"]
                     try:
-                        row.update(time_ms(lambda: fn(h), m <= graph_max_m, warmup_ms, rep_ms))
+                        row.update(
+                            time_ms(lambda: fn(h), m <= graph_max_m, warmup_ms, rep_ms)
+                        )
                     except Exception as e:
-                        record["skipped"].append({"provider": name, "m": m,
-                                                  "reason": "timing: " + _reason(e)})
+                        record["skipped"].append({
+                            "provider": name,
+                            "m": m,
+                            "reason": "timing: " + _reason(e),
+                        })
                 record["results"].append(row)
-                cells.append("FAILED check" if not row["ok"] else
-                             f"{row['median_ms'] * 1e3:.1f}" if row["median_ms"] else
-                             "checked" if not timed else "not timed")
-            if "fused" in provs and any(r["provider"] == "fused" and r["m"] == m and r["ok"]
-                                        for r in record["results"]):
-                try:                                                   # where the fused block's time goes
+                cells.append(
+                    "FAILED check"
+                    if not row["ok"]
+                    else (
+                        f"{row['median_ms'] * 1e3:.1f}"
+                        if row["median_ms"]
+                        else "checked" if not timed else "not timed"
+                    )
+                )
+            if "fused" in provs and any(
+                r["provider"] == "fused" and r["m"] == m and r["ok"]
+                for r in record["results"]
+            ):
+                try:  # where the fused block's time goes
                     for launch, fn in fused_launches(block, h).items():
                         fn()
-                        row = {"m": m, "launch": launch, "median_ms": None, "p20_ms": None, "p80_ms": None,
-                               "timer": None}
+                        row = {
+                            "m": m,
+                            "launch": launch,
+                            "median_ms": None,
+                            "p20_ms": None,
+                            "p80_ms": None,
+                            "timer": None,
+                        }
                         if timed:
                             row.update(time_ms(fn, m <= graph_max_m, warmup_ms, rep_ms))
                         record["launches"].append(row)
                 except Exception as e:
-                    record["skipped"].append({"provider": "fused launches", "m": m, "reason": _reason(e)})
+                    record["skipped"].append(
+                        {"provider": "fused launches", "m": m, "reason": _reason(e)}
+                    )
         del ref16, ref8
         log(f"{m:>5} " + " ".join(f"{c:>14}" for c in cells))
         record["elapsed_s"] = round(time.perf_counter() - t0, 1)
@@ -305,8 +454,11 @@ def bench(ms=None, providers=tuple(PROVIDERS), *, cpu_smoke: bool = False, hidde
             on_update(record)
     record["complete"] = not record["not_run_m"]
     record["elapsed_s"] = round(time.perf_counter() - t0, 1)
-    log(f"done in {record['elapsed_s']:.0f} s; {sum(r['ok'] for r in record['results'])} of "
-        f"{len(record['results'])} outputs passed their checks; {len(record['skipped'])} skipped")
+    log(
+        f"done in {record['elapsed_s']:.0f} s;"
+        f" {sum(r['ok'] for r in record['results'])} of {len(record['results'])}"
+        f" outputs passed their checks; {len(record['skipped'])} skipped"
+    )
     return record
 
 # %% ../book/appendix_e_harness.ipynb #61eb4b97
@@ -315,16 +467,24 @@ def _slug(text: str) -> str:
 
 
 def write_record(record: dict, out_dir) -> Path:
-    """Write `record` as `bench_<gpu>_<UTC time>.json` (smoke: `bench-smoke_...`) in `out_dir`;
-    returns the path."""
+    """Write `record` as `bench_<gpu>_<UTC time>.json` (smoke: `bench-smoke_...`) in
+    `out_dir`; returns the path."""
     out_dir = Path(out_dir)
-    if record["kind"] != "measurement" and out_dir.resolve().parts[-2:] == ("book", "data"):
-        raise ValueError(f"out_dir: a {record['kind']} record is not a measurement and is never stored in "
-                         f"book/data, got {out_dir}")
+    if record["kind"] != "measurement" and out_dir.resolve().parts[-2:] == (
+        "book",
+        "data",
+    ):
+        raise ValueError(
+            f"out_dir: a {record['kind']} record is not a measurement and is never"
+            f" stored in book/data, got {out_dir}"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = re.sub(r"[-:]", "", record["environment"]["date_utc"])[:15] + "Z"
     prefix = "bench" if record["kind"] == "measurement" else "bench-smoke"
-    path = out_dir / f"{prefix}_{_slug(record['environment'].get('gpu', 'cpu'))}_{stamp}.json"
+    path = (
+        out_dir
+        / f"{prefix}_{_slug(record['environment'].get('gpu', 'cpu'))}_{stamp}.json"
+    )
     path.write_text(json.dumps(record, indent=1))
     return path
 
@@ -333,45 +493,94 @@ def _name_list(text: str) -> tuple[str, ...]:
     names = tuple(s.strip() for s in text.split(",") if s.strip())
     bad = [n for n in names if n not in PROVIDERS]
     if not names or bad:
-        raise argparse.ArgumentTypeError(f"expected comma-separated names from {','.join(PROVIDERS)}, "
-                                         f"got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated names from {','.join(PROVIDERS)}, got {text!r}"
+        )
     return names
 
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     "The options of `python -m kimi_mlp bench`."
-    p.add_argument("--out", type=Path, default=None,
-                   help="directory for the JSON and a log (default book/data on a GPU, "
-                        "a temporary directory for --cpu-smoke)")
-    p.add_argument("--m", type=_parse_m, default=None, help="token counts (default 1,2,4,...,8192)")
-    p.add_argument("--providers", type=_name_list, default=tuple(PROVIDERS),
-                   help=f"subset of {','.join(PROVIDERS)}")
-    p.add_argument("--rep-ms", type=int, default=100, help="do_bench repetition time per measurement (ms)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=(
+            "directory for the JSON and a log (default book/data on a GPU, "
+            "a temporary directory for --cpu-smoke)"
+        ),
+    )
+    p.add_argument(
+        "--m", type=_parse_m, default=None, help="token counts (default 1,2,4,...,8192)"
+    )
+    p.add_argument(
+        "--providers",
+        type=_name_list,
+        default=tuple(PROVIDERS),
+        help=f"subset of {','.join(PROVIDERS)}",
+    )
+    p.add_argument(
+        "--rep-ms",
+        type=int,
+        default=100,
+        help="do_bench repetition time per measurement (ms)",
+    )
     p.add_argument("--warmup-ms", type=int, default=25)
-    p.add_argument("--graph-max-m", type=int, default=256, help="largest M timed through a CUDA graph")
+    p.add_argument(
+        "--graph-max-m",
+        type=int,
+        default=GRAPH_MAX_M,
+        help="largest M timed through a CUDA graph",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--no-ceilings", action="store_true",
-                   help="skip measuring copy bandwidth and matmul rates")
-    p.add_argument("--git-commit", default=None, help="record this commit (for a tree copied without .git)")
-    p.add_argument("--budget-s", type=float, default=300.0,
-                   help="start no new M after this many seconds (default 300); "
-                        "the record lists what was left out")
-    p.add_argument("--cpu-smoke", action="store_true",
-                   help="tiny shapes through the Triton interpreter, no timings: tests the harness")
+    p.add_argument(
+        "--no-ceilings",
+        action="store_true",
+        help="skip measuring copy bandwidth and matmul rates",
+    )
+    p.add_argument(
+        "--git-commit",
+        default=None,
+        help="record this commit (for a tree copied without .git)",
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=300.0,
+        help=(
+            "start no new M after this many seconds (default 300); "
+            "the record lists what was left out"
+        ),
+    )
+    p.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help=(
+            "tiny shapes through the Triton interpreter, no timings: tests the harness"
+        ),
+    )
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    """Run the benchmark for parsed `args`; write the JSON (after every M, so a run cut short keeps what
-    it measured) and a log beside it. Returns 0, or 1 when an output failed its check (it is then not
-    timed), or 2 when refused (no GPU and no --cpu-smoke)."""
+    """Run the benchmark for parsed `args`; write the JSON (after every M, so a run cut
+    short keeps what it measured) and a log beside it. Returns 0, or 1 when an output
+    failed its check (it is then not timed), or 2 when refused (no GPU and no
+    --cpu-smoke)."""
     if not torch.cuda.is_available() and not args.cpu_smoke:
-        print("bench: no CUDA device. The benchmark times kernels on a GPU; `--cpu-smoke` checks the "
-              "harness at tiny shapes through the Triton interpreter (and times nothing).", file=sys.stderr)
+        print(
+            "bench: no CUDA device. The benchmark times kernels on a GPU; `--cpu-smoke`"
+            " checks the harness at tiny shapes through the Triton interpreter (and"
+            " times nothing).",
+            file=sys.stderr,
+        )
         return 2
     out = args.out
     if out is None:
-        out = (Path(tempfile.mkdtemp(prefix="kimi-mlp-bench-")) if args.cpu_smoke
-               else Path(kernels.__file__).resolve().parent.parent / "book" / "data")
+        out = (
+            Path(tempfile.mkdtemp(prefix="kimi-mlp-bench-"))
+            if args.cpu_smoke
+            else Path(kernels.__file__).resolve().parent.parent / "book" / "data"
+        )
     lines, where = [], {}
 
     def log(line):
@@ -382,10 +591,20 @@ def run_bench(args: argparse.Namespace) -> int:
         where["path"] = write_record(record, out)
         where["path"].with_suffix(".log").write_text("\n".join(lines) + "\n")
 
-    record = bench(args.m, args.providers, cpu_smoke=args.cpu_smoke, rep_ms=args.rep_ms,
-                   warmup_ms=args.warmup_ms, graph_max_m=args.graph_max_m, seed=args.seed,
-                   ceilings=not args.no_ceilings, git_commit=args.git_commit, budget_s=args.budget_s,
-                   log=log, on_update=save)
+    record = bench(
+        args.m,
+        args.providers,
+        cpu_smoke=args.cpu_smoke,
+        rep_ms=args.rep_ms,
+        warmup_ms=args.warmup_ms,
+        graph_max_m=args.graph_max_m,
+        seed=args.seed,
+        ceilings=not args.no_ceilings,
+        git_commit=args.git_commit,
+        budget_s=args.budget_s,
+        log=log,
+        on_update=save,
+    )
     for s in record["skipped"]:
         log(f"skipped: {s['provider']} at M = {s['m']}: {s['reason']}")
     if record["kind"] == "measurement":
@@ -395,25 +614,42 @@ def run_bench(args: argparse.Namespace) -> int:
             log(f"target: {t['target']}: worst {worst} ({t['rule']}): {verdict}")
     save(record)
     print(f"wrote {where['path']}")
-    return 0 if all(r["ok"] for r in record["results"]) else 1       # skips are recorded, not failures
+    return (
+        0 if all(r["ok"] for r in record["results"]) else 1
+    )  # skips are recorded, not failures
 
 
 def main(argv=None) -> int:
-    "`python -m kimi_mlp bench [options]` (and `python -m kimi_mlp.bench`). Returns the exit status."
-    p = argparse.ArgumentParser(prog="python -m kimi_mlp bench",
-                                description="Time the FFN half of Kimi K2's dense block on a GPU: torch "
-                                            "bf16, unfused W8A8, fused Triton, torch._scaled_mm.")
+    """`python -m kimi_mlp bench [options]` (and `python -m kimi_mlp.bench`). Returns
+    the exit status."""
+    p = argparse.ArgumentParser(
+        prog="python -m kimi_mlp bench",
+        description=(
+            "Time the FFN half of Kimi K2's dense block on a GPU: torch "
+            "bf16, unfused W8A8, fused Triton, torch._scaled_mm."
+        ),
+    )
     add_bench_arguments(p)
     return run_bench(p.parse_args(argv))
 
 # %% ../book/appendix_e_harness.ipynb #0fd8ecc7
 def validate_record(record: dict, where: str = "record") -> dict:
-    "Check a benchmark record's schema (raises ValueError naming the field); returns it."
+    """Check a benchmark record's schema (raises ValueError naming the field); returns
+    it."""
     if not isinstance(record, dict) or record.get("schema") != BENCH_SCHEMA:
-        got = record.get("schema") if isinstance(record, dict) else type(record).__name__
+        got = (
+            record.get("schema") if isinstance(record, dict) else type(record).__name__
+        )
         raise ValueError(f"{where}: schema: expected {BENCH_SCHEMA!r}, got {got!r}")
-    for key, typ in (("kind", str), ("environment", dict), ("shapes", dict), ("settings", dict),
-                     ("providers", dict), ("results", list), ("skipped", list)):
+    for key, typ in (
+        ("kind", str),
+        ("environment", dict),
+        ("shapes", dict),
+        ("settings", dict),
+        ("providers", dict),
+        ("results", list),
+        ("skipped", list),
+    ):
         if not isinstance(record.get(key), typ):
             got = type(record.get(key)).__name__
             raise ValueError(f"{where}: {key}: expected a {typ.__name__}, got {got}")
@@ -421,17 +657,24 @@ def validate_record(record: dict, where: str = "record") -> dict:
     if c is not None:
         for key in ("copy_bytes_per_s", "bf16_flop_per_s"):
             if not isinstance(c.get(key), (int, float)) or not c[key] > 0:
-                raise ValueError(f"{where}: ceilings.{key}: expected a positive number, got {c.get(key)!r}")
+                raise ValueError(
+                    f"{where}: ceilings.{key}: expected a positive number, got"
+                    f" {c.get(key)!r}"
+                )
     for i, r in enumerate(record["results"]):
         for key in ("provider", "m", "median_ms", "ok"):
             if key not in r:
                 raise ValueError(f"{where}: results[{i}]: missing {key!r}")
         if r["provider"] not in record["providers"]:
-            raise ValueError(f"{where}: results[{i}].provider: expected one of {list(record['providers'])}, "
-                             f"got {r['provider']!r}")
+            raise ValueError(
+                f"{where}: results[{i}].provider: expected one of"
+                f" {list(record['providers'])}, got {r['provider']!r}"
+            )
         if r["median_ms"] is not None and not r["median_ms"] > 0:
-            raise ValueError(f"{where}: results[{i}].median_ms: expected a positive number or null, "
-                             f"got {r['median_ms']!r}")
+            raise ValueError(
+                f"{where}: results[{i}].median_ms: expected a positive number or null, "
+                f"got {r['median_ms']!r}"
+            )
     return record
 
 
@@ -441,14 +684,14 @@ def load_record(path) -> dict:
 
 
 def find_measurements(data_dir) -> list[Path]:
-    "The `bench_*.json` files of kind 'measurement' in `data_dir`, oldest first (by their date)."
+    """The `bench_*.json` files of kind 'measurement' in `data_dir`, oldest first (by
+    their date)."""
     found = []
     for p in sorted(Path(data_dir).glob("bench_*.json")):
         r = load_record(p)
         if r["kind"] == "measurement":
             found.append((r["environment"].get("date_utc", ""), p))
     return [p for _, p in sorted(found)]
-
 
 # %% ../book/appendix_e_harness.ipynb #fbc86dcd
 def plot_floors(ceilings: dict, ms=None, ax=None, title: str | None = None):
@@ -465,8 +708,12 @@ def plot_floors(ceilings: dict, ms=None, ax=None, title: str | None = None):
     return ax
 
 # %% ../book/appendix_e_harness.ipynb #51d95a0a
-_STYLE = {"torch_bf16": ("tab:gray", "s"), "unfused_w8a8": ("tab:orange", "^"), "fused": ("tab:blue", "o"),
-          "scaled_mm": ("tab:green", "v")}
+_STYLE = {
+    "torch_bf16": ("tab:gray", "s"),
+    "unfused_w8a8": ("tab:orange", "^"),
+    "fused": ("tab:blue", "o"),
+    "scaled_mm": ("tab:green", "v"),
+}
 
 
 def _weights(provider: str) -> str:
@@ -475,7 +722,11 @@ def _weights(provider: str) -> str:
 
 def _title(record: dict, what: str) -> str:
     env = record["environment"]
-    tag = "" if record["kind"] == "measurement" else f" [{record['kind'].upper()}: NOT A MEASUREMENT]"
+    tag = (
+        ""
+        if record["kind"] == "measurement"
+        else f" [{record['kind'].upper()}: NOT A MEASUREMENT]"
+    )
     return f"{what}: {env.get('gpu', 'cpu')}, {env.get('date_utc', '')[:10]}{tag}"
 
 
@@ -484,16 +735,21 @@ def _shapes(record):
 
 
 def _ceilings(record: dict, ceilings: dict | None) -> dict:
-    "The ceilings to draw against: those given, else the record's own (measured in the same run)."
+    """The ceilings to draw against: those given, else the record's own (measured in the
+    same run)."""
     c = ceilings or record.get("ceilings")
     if not c or not c.get("copy_bytes_per_s"):
-        raise ValueError("record: no measured ceilings in it (run without --no-ceilings), and none given")
+        raise ValueError(
+            "record: no measured ceilings in it (run without --no-ceilings), and none"
+            " given"
+        )
     return c
 
 
 def _axes(ax):
     "The axes to draw on: those given, else a new figure of the chapter's size."
     import matplotlib.pyplot as plt
+
     return ax or plt.subplots(figsize=(7, 4.2))[1]
 
 
@@ -512,7 +768,8 @@ def _finish(ax, **settings):
 
 
 def plot_time(record: dict, ax=None, ceilings: dict | None = None):
-    "Median time (µs) against M per provider, log-log, with the fp8 floor from the record's ceilings."
+    """Median time (µs) against M per provider, log-log, with the fp8 floor from the
+    record's ceilings."""
     ax = _axes(ax)
     d, f = _shapes(record)
     for name, (ms, ts) in timings(record).items():
@@ -520,42 +777,83 @@ def plot_time(record: dict, ax=None, ceilings: dict | None = None):
     c = ceilings or record.get("ceilings") or {}
     if c.get("fp8_flop_per_s") and c.get("copy_bytes_per_s"):
         ms = sorted({r["m"] for r in record["results"]})
-        ax.plot(ms, [roofline_floor_s(m, c, "fp8", d, f) * 1e6 for m in ms], "k:", label="floor (fp8)")
-    return _finish(ax, xscale="log", yscale="log", xlabel="tokens M", ylabel="median time (µs)",
-                   title=_title(record, "time"))
+        ax.plot(
+            ms,
+            [roofline_floor_s(m, c, "fp8", d, f) * 1e6 for m in ms],
+            "k:",
+            label="floor (fp8)",
+        )
+    return _finish(
+        ax,
+        xscale="log",
+        yscale="log",
+        xlabel="tokens M",
+        ylabel="median time (µs)",
+        title=_title(record, "time"),
+    )
 
 
-def plot_bandwidth(record: dict, ax=None, max_m: int = 256, ceilings: dict | None = None):
-    "Achieved bandwidth (fewest bytes / time) as a fraction of the measured copy bandwidth, M <= max_m."
+def plot_bandwidth(
+    record: dict, ax=None, max_m: int = 256, ceilings: dict | None = None
+):
+    """Achieved bandwidth (fewest bytes / time) as a fraction of the measured copy
+    bandwidth, M <= max_m."""
     bw = _ceilings(record, ceilings)["copy_bytes_per_s"]
     ax = _axes(ax)
     d, f = _shapes(record)
     for name, (ms, ts) in timings(record).items():
-        pts = [(m, ffn_min_bytes(m, d, f, _weights(name)) / t / bw) for m, t in zip(ms, ts) if m <= max_m]
+        pts = [
+            (m, ffn_min_bytes(m, d, f, _weights(name)) / t / bw)
+            for m, t in zip(ms, ts)
+            if m <= max_m
+        ]
         if pts:
             _line(ax, name, *zip(*pts), record["providers"][name]["label"])
     ax.axhline(0.8, color="k", ls=":", label="decode target, 80%")
-    return _finish(ax, xscale="log", xlabel="tokens M", ylabel="fraction of copy bandwidth",
-                   ylim=(0, 1.05), title=_title(record, "achieved bandwidth"))
+    return _finish(
+        ax,
+        xscale="log",
+        xlabel="tokens M",
+        ylabel="fraction of copy bandwidth",
+        ylim=(0, 1.05),
+        title=_title(record, "achieved bandwidth"),
+    )
 
 
 def plot_tflops(record: dict, ax=None, ceilings: dict | None = None):
-    "Achieved TFLOP/s (2 * 3 d F * M / time) against M, with the record's bf16 and fp8 matmul ceilings."
+    """Achieved TFLOP/s (2 * 3 d F * M / time) against M, with the record's bf16 and fp8
+    matmul ceilings."""
     ax = _axes(ax)
     d, f = _shapes(record)
     for name, (ms, ts) in timings(record).items():
-        _line(ax, name, ms, [ffn_flop(m, d, f) / t / 1e12 for m, t in zip(ms, ts)],
-              record["providers"][name]["label"])
+        _line(
+            ax,
+            name,
+            ms,
+            [ffn_flop(m, d, f) / t / 1e12 for m, t in zip(ms, ts)],
+            record["providers"][name]["label"],
+        )
     c = ceilings or record.get("ceilings") or {}
     for key, ls in (("bf16_flop_per_s", "--"), ("fp8_flop_per_s", ":")):
         if c.get(key):
-            ax.axhline(c[key] / 1e12, color="k", ls=ls, label=f"{key.split('_')[0]} matmul ceiling")
-    return _finish(ax, xscale="log", xlabel="tokens M", ylabel="TFLOP/s",
-                   title=_title(record, "achieved rate"))
+            ax.axhline(
+                c[key] / 1e12,
+                color="k",
+                ls=ls,
+                label=f"{key.split('_')[0]} matmul ceiling",
+            )
+    return _finish(
+        ax,
+        xscale="log",
+        xlabel="tokens M",
+        ylabel="TFLOP/s",
+        title=_title(record, "achieved rate"),
+    )
 
 
 def plot_speedup(record: dict, ax=None, of: str = "fused"):
-    "Speedup of provider `of` over each other provider (their time / its time) against M."
+    """Speedup of provider `of` over each other provider (their time / its time) against
+    M."""
     ax = _axes(ax)
     tm = timings(record)
     if of in tm:
@@ -567,16 +865,25 @@ def plot_speedup(record: dict, ax=None, of: str = "fused"):
             if pts:
                 _line(ax, name, *zip(*pts), f"over {name}")
     ax.axhline(1.0, color="k", lw=0.8)
-    return _finish(ax, xscale="log", xlabel="tokens M", ylabel=f"speedup of {of}",
-                   title=_title(record, "speedup"))
+    return _finish(
+        ax,
+        xscale="log",
+        xlabel="tokens M",
+        ylabel=f"speedup of {of}",
+        title=_title(record, "speedup"),
+    )
 
 # %% ../book/appendix_e_harness.ipynb #974a7d46
 def launch_breakdown(record: dict, ceilings: dict | None = None) -> list[dict]:
     """Per M and launch of the fused block: measured median (s), its floor (s) from
-    `fused_launch_costs` and the ceilings (the record's own unless given), and their ratio."""
+    `fused_launch_costs` and the ceilings (the record's own unless given), and their
+    ratio.
+    """
     c = _ceilings(record, ceilings)
     if not c.get("fp8_flop_per_s"):
-        raise ValueError("ceilings: no fp8_flop_per_s to compute the GEMM launches' floors")
+        raise ValueError(
+            "ceilings: no fp8_flop_per_s to compute the GEMM launches' floors"
+        )
     d, f = _shapes(record)
     rows = []
     for r in record.get("launches", []):
@@ -584,8 +891,13 @@ def launch_breakdown(record: dict, ceilings: dict | None = None) -> list[dict]:
             continue
         cost = {x["launch"]: x for x in fused_launch_costs(r["m"], d, f)}[r["launch"]]
         floor = launch_floor_s(cost, c["copy_bytes_per_s"], c["fp8_flop_per_s"])
-        rows.append({"m": r["m"], "launch": r["launch"], "time_s": r["median_ms"] * 1e-3, "floor_s": floor,
-                     "ratio": r["median_ms"] * 1e-3 / floor})
+        rows.append({
+            "m": r["m"],
+            "launch": r["launch"],
+            "time_s": r["median_ms"] * 1e-3,
+            "floor_s": floor,
+            "ratio": r["median_ms"] * 1e-3 / floor,
+        })
     return rows
 
 
@@ -597,8 +909,14 @@ def plot_launches(record: dict, ax=None, ceilings: dict | None = None):
         pts = [(r["m"], r["ratio"]) for r in rows if r["launch"] == launch]
         ax.plot(*zip(*pts), marker="o", ms=4, label=launch)
     ax.axhline(1.0, color="k", lw=0.8)
-    return _finish(ax, xscale="log", yscale="log", xlabel="tokens M", ylabel="time / floor",
-                   title=_title(record, "fused launches against their floors"))
+    return _finish(
+        ax,
+        xscale="log",
+        yscale="log",
+        xlabel="tokens M",
+        ylabel="time / floor",
+        title=_title(record, "fused launches against their floors"),
+    )
 
 # %% ../book/appendix_e_harness.ipynb #5c3e8a71
 #: The GEMMs `tune` times, kind -> (N, K), and the M each bucket of GEMM_TILES is timed

@@ -24,38 +24,41 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Nothing here imports kimi_mlp.kernels (or Triton) at import time: `book_mode` must be able to
-# choose the interpreter before the kernels are defined.
+# Nothing here imports kimi_mlp.kernels (or Triton) at import time: `book_mode` must
+# be able to choose the interpreter before the kernels are defined.
 from .checkpoint import relative_error
 from .fp8 import fp8_linear_w8a8, quantize_activation
 from .rmsnorm import rms_norm
 
 
 def _package_dir() -> Path:
-    "The directory of the kimi_mlp package in use (this copy; also right inside a notebook)."
+    """The directory of the kimi_mlp package in use (this copy; also right inside a
+    notebook)."""
     import kimi_mlp
+
     return Path(kimi_mlp.__file__).resolve().parent
 
 # %% auto #0
-__all__ = ['FP8_TENSOR_CORES', 'GPUCHECK_BOUNDS', 'GPUCHECK_M', 'GPUCHECK_SMOKE_M', 'TILES_SCHEMA', 'TILES_ENV',
+__all__ = ['FP8_TENSOR_CORES', 'GRAPH_MAX_M', 'GPUCHECK_BOUNDS', 'GPUCHECK_M', 'GPUCHECK_SMOKE_M', 'TILES_SCHEMA', 'TILES_ENV',
            'REPORT_NOTEBOOKS', 'BookMode', 'book_mode', 'poisoned_allocations', 'time_ms', 'median_ms', 'environment',
            'measure_ceilings', 'load_ceilings', 'rate', 'dequantized_weights', 'torch_bf16_ffn', 'check_block_once',
            'native_matches_integer', 'gpucheck_main', 'launches_stubbed', 'host_time_us', 'tiles_file_name',
            'load_tiles', 'tuned_tiles', 'run_notebook', 'gpu_report_main', 'main']
 
 # %% ../book/appendix_c_measuring.ipynb #c72171b0
-#: Compute capability from which NVIDIA GPUs have FP8 tensor cores (Ada 8.9, Hopper 9.0).
+#: Compute capability from which NVIDIA GPUs have FP8 tensor cores (Ada 8.9, Hopper 9).
 FP8_TENSOR_CORES = (8, 9)
 
 
 @dataclass(frozen=True)
 class BookMode:
-    """How chapters 7 to 9 run. `gpu`: their GPU code runs (compiled Triton kernels on a CUDA
-    GPU with FP8 tensor cores, at Kimi K2's widths); otherwise Triton's CPU interpreter at small
-    widths. `device`: where the tensors live. `reason`: which, and why, in one line.
-    `rehearsal`: the GPU code run on the CPU, through the interpreter, at the small widths and
-    untimed, so that a machine without a GPU can check that it runs (set KIMI_BOOK_MODE=rehearsal;
-    for tests, never for numbers)."""
+    """How chapters 7 to 9 run. `gpu`: their GPU code runs (compiled Triton kernels on a
+    CUDA GPU with FP8 tensor cores, at Kimi K2's widths); otherwise Triton's CPU
+    interpreter at small widths. `device`: where the tensors live. `reason`: which, and
+    why, in one line. `rehearsal`: the GPU code run on the CPU, through the interpreter,
+    at the small widths and untimed, so that a machine without a GPU can check that it
+    runs (set KIMI_BOOK_MODE=rehearsal; for tests, never for numbers)."""
+
     gpu: bool
     device: torch.device
     reason: str
@@ -74,35 +77,57 @@ class BookMode:
 
 
 def book_mode() -> BookMode:
-    """Choose the mode, before `kimi_mlp.kernels` is imported: the GPU when there is one with
-    FP8 tensor cores and TRITON_INTERPRET is not 1; the interpreter when there is no CUDA device
-    (this sets TRITON_INTERPRET=1) or when the reader set TRITON_INTERPRET=1. On a GPU without
-    FP8 tensor cores it raises RuntimeError saying so: it does not switch to the interpreter on a
-    machine with CUDA unless the reader asks for it. Also raises if the kernels were already
-    imported in the other mode (Triton cannot switch then: restart the Python kernel)."""
+    """Choose the mode, before `kimi_mlp.kernels` is imported: the GPU when there is one
+    with FP8 tensor cores and TRITON_INTERPRET is not 1; the interpreter when there is
+    no CUDA device (this sets TRITON_INTERPRET=1) or when the reader set
+    TRITON_INTERPRET=1. On a GPU without FP8 tensor cores it raises RuntimeError saying
+    so: it does not switch to the interpreter on a machine with CUDA unless the reader
+    asks for it. Also raises if the kernels were already imported in the other mode
+    (Triton cannot switch then: restart the Python kernel).
+    """
     why = "there is no CUDA device"
     if os.environ.get("KIMI_BOOK_MODE") == "rehearsal":
         os.environ["TRITON_INTERPRET"] = "1"
-        return _agreed(BookMode(True, torch.device("cpu"), "a rehearsal of the GPU code on the "
-                                "CPU (KIMI_BOOK_MODE=rehearsal): interpreter, small widths, "
-                                "no timings", rehearsal=True))
+        return _agreed(
+            BookMode(
+                True,
+                torch.device("cpu"),
+                "a rehearsal of the GPU code on the "
+                "CPU (KIMI_BOOK_MODE=rehearsal): interpreter, small widths, "
+                "no timings",
+                rehearsal=True,
+            )
+        )
     if torch.cuda.is_available():
         name, cap = torch.cuda.get_device_name(), torch.cuda.get_device_capability()
         gpu = f"{name} (compute capability {cap[0]}.{cap[1]})"
         if os.environ.get("TRITON_INTERPRET") == "1":
             why = f"TRITON_INTERPRET=1 is set (the GPU, {gpu}, is not used)"
         elif cap < FP8_TENSOR_CORES:
-            raise RuntimeError(f"{gpu} has no FP8 tensor cores, which these kernels need on a "
-                               "GPU (compute capability 8.9 or more: Ada, Hopper). To run this "
-                               "chapter through Triton's CPU interpreter instead, set "
-                               "TRITON_INTERPRET=1 before the kernels are imported (in Jupyter, "
-                               "`%env TRITON_INTERPRET=1` in a cell before this one)")
+            raise RuntimeError(
+                f"{gpu} has no FP8 tensor cores, which these kernels need on a "
+                "GPU (compute capability 8.9 or more: Ada, Hopper). To run this "
+                "chapter through Triton's CPU interpreter instead, set "
+                "TRITON_INTERPRET=1 before the kernels are imported (in Jupyter, "
+                "`%env TRITON_INTERPRET=1` in a cell before this one)"
+            )
         else:
-            return _agreed(BookMode(True, torch.device("cuda"), f"compiled Triton kernels on "
-                                    f"{gpu}, at Kimi K2's widths, 7168 / 18432"))
+            return _agreed(
+                BookMode(
+                    True,
+                    torch.device("cuda"),
+                    "compiled Triton kernels on "
+                    f"{gpu}, at Kimi K2's widths, 7168 / 18432",
+                )
+            )
     os.environ["TRITON_INTERPRET"] = "1"
-    return _agreed(BookMode(False, torch.device("cpu"),
-                            f"Triton's CPU interpreter at small widths: {why}"))
+    return _agreed(
+        BookMode(
+            False,
+            torch.device("cpu"),
+            f"Triton's CPU interpreter at small widths: {why}",
+        )
+    )
 
 
 def _agreed(mode: BookMode) -> BookMode:
@@ -111,9 +136,11 @@ def _agreed(mode: BookMode) -> BookMode:
     compiled = mode.gpu and not mode.rehearsal
     if kernels is not None and kernels.INTERPRETED == compiled:
         state = "on" if kernels.INTERPRETED else "off"
-        raise RuntimeError(f"book_mode: kimi_mlp.kernels was imported with the interpreter "
-                           f"{state}, before book_mode() chose: {mode.reason}. Restart the "
-                           f"Python kernel and call book_mode() first")
+        raise RuntimeError(
+            "book_mode: kimi_mlp.kernels was imported with the interpreter "
+            f"{state}, before book_mode() chose: {mode.reason}. Restart the "
+            "Python kernel and call book_mode() first"
+        )
     return mode
 
 # %% ../book/appendix_c_measuring.ipynb #43977c29
@@ -123,7 +150,7 @@ _FP8_TYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 def _poison(t):
     if isinstance(t, torch.Tensor) and t.is_floating_point():
         if t.dtype in _FP8_TYPES:
-            t.view(torch.uint8).fill_(0x7F)                            # NaN in both fp8 formats
+            t.view(torch.uint8).fill_(0x7F)  # NaN in both fp8 formats
         else:
             t.fill_(float("nan"))
     return t
@@ -131,9 +158,10 @@ def _poison(t):
 
 @contextlib.contextmanager
 def poisoned_allocations():
-    """Inside the block, `torch.empty`, `torch.empty_like` and `Tensor.new_empty` return floating
-    tensors filled with NaN (fp8: code 0x7F), so an output element a kernel never writes is caught.
-    For tests and checks only: it patches torch globally and is not thread-safe."""
+    """Inside the block, `torch.empty`, `torch.empty_like` and `Tensor.new_empty` return
+    floating tensors filled with NaN (fp8: code 0x7F), so an output element a kernel
+    never writes is caught. For tests and checks only: it patches torch globally and is
+    not thread-safe."""
     empty, empty_like, new_empty = torch.empty, torch.empty_like, torch.Tensor.new_empty
     torch.empty = lambda *a, **k: _poison(empty(*a, **k))
     torch.empty_like = lambda *a, **k: _poison(empty_like(*a, **k))
@@ -141,48 +169,81 @@ def poisoned_allocations():
     try:
         yield
     finally:
-        torch.empty, torch.empty_like, torch.Tensor.new_empty = empty, empty_like, new_empty
+        torch.empty, torch.empty_like, torch.Tensor.new_empty = (
+            empty,
+            empty_like,
+            new_empty,
+        )
 
 # %% ../book/appendix_c_measuring.ipynb #454e0c7a
-def time_ms(fn, use_graph: bool = False, warmup_ms: int = 25, rep_ms: int = 100) -> dict:
-    """Time `fn()` on the current CUDA device: {"median_ms", "p20_ms", "p80_ms", "timer"}, with timer
-    "cudagraph" (`triton.testing.do_bench_cudagraph`, replays of a captured graph) or "events"
-    (`triton.testing.do_bench`: CUDA events around each call, L2 flushed between calls). The 20th and
-    80th percentiles show the spread. `fn` must have run once already (compilation stays out)."""
+#: Up to this many tokens, the GPU check and the benchmarks time a captured CUDA graph:
+#: launches this short would otherwise be timed with the gaps between them.
+GRAPH_MAX_M = 256
+
+
+def time_ms(
+    fn, use_graph: bool = False, warmup_ms: int = 25, rep_ms: int = 100
+) -> dict:
+    """Time `fn()` on the current CUDA device: {"median_ms", "p20_ms", "p80_ms",
+    "timer"}, with timer "cudagraph" (`triton.testing.do_bench_cudagraph`, replays of a
+    captured graph) or "events" (`triton.testing.do_bench`: CUDA events around each
+    call, L2 flushed between calls). The 20th and 80th percentiles show the spread. `fn`
+    must have run once already (compilation stays out).
+    """
     if not torch.cuda.is_available():
-        raise RuntimeError("time_ms: expected a CUDA device (timings on the CPU interpreter mean nothing)")
+        raise RuntimeError(
+            "time_ms: expected a CUDA device (timings on the CPU interpreter mean"
+            " nothing)"
+        )
     from triton.testing import do_bench, do_bench_cudagraph
+
     q = [0.2, 0.5, 0.8]
     if use_graph:
         try:
             p20, p50, p80 = do_bench_cudagraph(fn, rep=rep_ms, quantiles=q)
-            return {"median_ms": float(p50), "p20_ms": float(p20), "p80_ms": float(p80), "timer": "cudagraph"}
-        except Exception:                                              # capture refused: time with events
+            return {
+                "median_ms": float(p50),
+                "p20_ms": float(p20),
+                "p80_ms": float(p80),
+                "timer": "cudagraph",
+            }
+        except Exception:  # capture refused: time with events
             torch.cuda.synchronize()
     p20, p50, p80 = do_bench(fn, warmup=warmup_ms, rep=rep_ms, quantiles=q)
-    return {"median_ms": float(p50), "p20_ms": float(p20), "p80_ms": float(p80), "timer": "events"}
+    return {
+        "median_ms": float(p50),
+        "p20_ms": float(p20),
+        "p80_ms": float(p80),
+        "timer": "events",
+    }
 
 
-def median_ms(fn, use_graph: bool = False, warmup_ms: int = 25, rep_ms: int = 100) -> tuple[float, str]:
+def median_ms(
+    fn, use_graph: bool = False, warmup_ms: int = 25, rep_ms: int = 100
+) -> tuple[float, str]:
     "`time_ms`'s median (milliseconds) and the timer it used."
     t = time_ms(fn, use_graph, warmup_ms, rep_ms)
     return t["median_ms"], t["timer"]
 
 
 def _run(cmd: list[str]) -> str | None:
-    "stdout of `cmd` run in the package's directory (stripped), or None if it cannot run or fails."
+    """stdout of `cmd` run in the package's directory (stripped), or None if it cannot
+    run or fails."""
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20,
-                             cwd=_package_dir())
+        out = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=20, cwd=_package_dir()
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None
 
 
 def _version(package: str) -> str | None:
-    """An installed package's version, read from its metadata: importing triton here would fix
-    its interpreter setting before `book_mode` or `kimi_mlp.kernels` could choose it."""
+    """An installed package's version, read from its metadata: importing triton here
+    would fix its interpreter setting before `book_mode` or `kimi_mlp.kernels` could
+    choose it."""
     from importlib.metadata import PackageNotFoundError, version
+
     try:
         return version(package)
     except PackageNotFoundError:
@@ -190,46 +251,73 @@ def _version(package: str) -> str | None:
 
 
 def environment(git_commit: str | None = None) -> dict:
-    """Provenance for stored results: device, driver, library versions, date (UTC), git commit (or
-    the one given, for a copy of the tree without .git) and SHA-256 of the package's source files."""
+    """Provenance for stored results: device, driver, library versions, date (UTC), git
+    commit (or the one given, for a copy of the tree without .git) and SHA-256 of the
+    package's source files.
+    """
     src = _package_dir()
-    kernels = sys.modules.get("kimi_mlp.kernels")                    # None: not imported yet
-    status = _run(["git", "status", "--porcelain", "--untracked-files=no"])   # None: no git here
+    kernels = sys.modules.get("kimi_mlp.kernels")  # None: not imported yet
+    status = _run(
+        ["git", "status", "--porcelain", "--untracked-files=no"]
+    )  # None: no git here
     env = {
-        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "python": platform.python_version(), "platform": platform.platform(),
-        "torch": torch.__version__, "triton": _version("triton"), "cuda_runtime": torch.version.cuda,
-        "triton_interpreter": (os.environ.get("TRITON_INTERPRET") == "1" if kernels is None
-                               else bool(kernels.INTERPRETED)),
+        "date_utc": (
+            datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        ),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "cuda_runtime": torch.version.cuda,
+        "triton_interpreter": (
+            os.environ.get("TRITON_INTERPRET") == "1"
+            if kernels is None
+            else bool(kernels.INTERPRETED)
+        ),
         "git_commit": git_commit or _run(["git", "rev-parse", "HEAD"]) or None,
         "git_dirty": None if status is None else bool(status),
-        "source_sha256": {p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:16]
-                          for p in sorted(src.glob("*.py"))},
+        "source_sha256": {
+            p.name: hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+            for p in sorted(src.glob("*.py"))
+        },
         "device": "cpu",
     }
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
-        smi = _run(["nvidia-smi", "--query-gpu=driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit",
-                    "--format=csv,noheader"])
-        env.update(device="cuda", gpu=p.name, capability=f"{p.major}.{p.minor}", sms=p.multi_processor_count,
-                   memory_gib=round(p.total_memory / 2**30, 1),
-                   l2_bytes=getattr(p, "L2_cache_size", None), nvidia_smi=smi or None,
-                   driver=smi.split(",")[0].strip() if smi else None)
+        smi = _run([
+            "nvidia-smi",
+            "--query-gpu=driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit",
+            "--format=csv,noheader",
+        ])
+        env.update(
+            device="cuda",
+            gpu=p.name,
+            capability=f"{p.major}.{p.minor}",
+            sms=p.multi_processor_count,
+            memory_gib=round(p.total_memory / 2**30, 1),
+            l2_bytes=getattr(p, "L2_cache_size", None),
+            nvidia_smi=smi or None,
+            driver=smi.split(",")[0].strip() if smi else None,
+        )
     return env
 
 # %% ../book/appendix_c_measuring.ipynb #d7dfd1c3
 def measure_ceilings(rep_ms: int = 100) -> dict:
-    """On the current CUDA device: a 2 GiB device-to-device copy (bytes read + written) and the
-    largest bf16 (`torch.matmul`) and fp8 (`torch._scaled_mm`, one scale per tensor) matmul rates,
-    each on random data, median of `do_bench`. Returns rates and the measurements behind them."""
+    """On the current CUDA device: a 2 GiB device-to-device copy (bytes read + written)
+    and the largest bf16 (`torch.matmul`) and fp8 (`torch._scaled_mm`, one scale per
+    tensor) matmul rates, each on random data, median of `do_bench`. Returns rates and
+    the measurements behind them.
+    """
     dev = "cuda"
     details = []
-    src = torch.randn(2 ** 30, device=dev, dtype=torch.bfloat16)
+    src = torch.randn(2**30, device=dev, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     dst.copy_(src)
     t, _ = median_ms(lambda: dst.copy_(src), rep_ms=rep_ms)
     copy = 2 * src.numel() * 2 / (t * 1e-3)
-    details.append({"what": "copy 2 GiB bf16, device to device", "ms": t, "bytes_per_s": copy})
+    details.append(
+        {"what": "copy 2 GiB bf16, device to device", "ms": t, "bytes_per_s": copy}
+    )
     del src, dst
     rates = {"bf16": [], "fp8": []}
     for m, n, k in ((8192, 8192, 8192), (8192, INTERMEDIATE, HIDDEN)):
@@ -238,33 +326,53 @@ def measure_ceilings(rep_ms: int = 100) -> dict:
         a @ b.t()
         t, _ = median_ms(lambda: a @ b.t(), rep_ms=rep_ms)
         rates["bf16"].append(2 * m * n * k / (t * 1e-3))
-        details.append({"what": f"bf16 matmul {m}x{n}x{k}", "ms": t, "flop_per_s": rates["bf16"][-1]})
+        details.append({
+            "what": f"bf16 matmul {m}x{n}x{k}",
+            "ms": t,
+            "flop_per_s": rates["bf16"][-1],
+        })
         if hasattr(torch, "_scaled_mm"):
             a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
             one = torch.ones((), device=dev)
             for fast in (False, True):
                 try:
-                    fn = lambda: torch._scaled_mm(a8, b8.t(), scale_a=one, scale_b=one,
-                                                  out_dtype=torch.bfloat16, use_fast_accum=fast)
+                    fn = lambda: torch._scaled_mm(
+                        a8,
+                        b8.t(),
+                        scale_a=one,
+                        scale_b=one,
+                        out_dtype=torch.bfloat16,
+                        use_fast_accum=fast,
+                    )
                     fn()
                     t, _ = median_ms(fn, rep_ms=rep_ms)
                 except Exception as e:
-                    details.append({"what": f"fp8 _scaled_mm {m}x{n}x{k} fast_accum={fast}",
-                                    "error": _reason(e)})
+                    details.append({
+                        "what": f"fp8 _scaled_mm {m}x{n}x{k} fast_accum={fast}",
+                        "error": _reason(e),
+                    })
                     continue
                 rates["fp8"].append(2 * m * n * k / (t * 1e-3))
-                details.append({"what": f"fp8 _scaled_mm {m}x{n}x{k} fast_accum={fast}", "ms": t,
-                                "flop_per_s": rates["fp8"][-1]})
+                details.append({
+                    "what": f"fp8 _scaled_mm {m}x{n}x{k} fast_accum={fast}",
+                    "ms": t,
+                    "flop_per_s": rates["fp8"][-1],
+                })
             del a8, b8
         del a, b
     torch.cuda.empty_cache()
-    return {"copy_bytes_per_s": copy, "bf16_flop_per_s": max(rates["bf16"]),
-            "fp8_flop_per_s": max(rates["fp8"]) if rates["fp8"] else None, "details": details,
-            "source": "measured in this run"}
+    return {
+        "copy_bytes_per_s": copy,
+        "bf16_flop_per_s": max(rates["bf16"]),
+        "fp8_flop_per_s": max(rates["fp8"]) if rates["fp8"] else None,
+        "details": details,
+        "source": "measured in this run",
+    }
 
 # %% ../book/appendix_c_measuring.ipynb #76e3910d
 def load_ceilings(path) -> dict:
-    "Read a ceilings JSON (`copy_bytes_per_s`, `bf16_flop_per_s`, `fp8_flop_per_s`, `sources`)."
+    """Read a ceilings JSON (`copy_bytes_per_s`, `bf16_flop_per_s`, `fp8_flop_per_s`,
+    `sources`)."""
     c = json.loads(Path(path).read_text())
     for key in ("copy_bytes_per_s", "bf16_flop_per_s", "fp8_flop_per_s"):
         v = c.get(key)
@@ -273,23 +381,37 @@ def load_ceilings(path) -> dict:
     return c
 
 
-def rate(fn, bytes_moved: float = 0, flop: float = 0, ceilings: dict | None = None,
-         use_graph: bool = False, floor_s: float | None = None) -> dict:
-    """Time `fn()` on the GPU (it must have run once) and set the time beside the roofline:
-    achieved TB/s and TFLOP/s, the floor (`floor_s`, else max(bytes / copy bandwidth, FLOP /
-    fp8 rate) from `ceilings`), and `line`, a one-line summary for a chapter's timing cell."""
+def rate(
+    fn,
+    bytes_moved: float = 0,
+    flop: float = 0,
+    ceilings: dict | None = None,
+    use_graph: bool = False,
+    floor_s: float | None = None,
+) -> dict:
+    """Time `fn()` on the GPU (it must have run once) and set the time beside the
+    roofline: achieved TB/s and TFLOP/s, the floor (`floor_s`, else max(bytes / copy
+    bandwidth, FLOP / fp8 rate) from `ceilings`), and `line`, a one-line summary for a
+    chapter's timing cell.
+    """
     t = time_ms(fn, use_graph)
     s = t["median_ms"] * 1e-3
-    r = {"median_ms": t["median_ms"], "timer": t["timer"], "tb_per_s": bytes_moved / s / 1e12,
-         "tflop_per_s": flop / s / 1e12}
+    r = {
+        "median_ms": t["median_ms"],
+        "timer": t["timer"],
+        "tb_per_s": bytes_moved / s / 1e12,
+        "tflop_per_s": flop / s / 1e12,
+    }
     parts = [f"{t['median_ms'] * 1e3:8.1f} µs"]
     if bytes_moved:
         parts.append(f"{r['tb_per_s']:5.2f} TB/s")
     if flop:
         parts.append(f"{r['tflop_per_s']:6.0f} TFLOP/s")
     if ceilings or floor_s:
-        floor = floor_s or max(bytes_moved / ceilings["copy_bytes_per_s"],
-                               flop / ceilings["fp8_flop_per_s"])
+        floor = floor_s or max(
+            bytes_moved / ceilings["copy_bytes_per_s"],
+            flop / ceilings["fp8_flop_per_s"],
+        )
         r["floor_ms"] = floor * 1e3
         parts.append(f"floor {floor * 1e6:.1f} µs, reached at {floor / s:.0%}")
     r["line"] = ", ".join(parts) + f" [{t['timer']}]"
@@ -441,7 +563,7 @@ def _gpucheck_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rep-ms", type=int, default=100,
                    help="do_bench repetition time per measurement")
-    p.add_argument("--graph-max-m", type=int, default=128,
+    p.add_argument("--graph-max-m", type=int, default=GRAPH_MAX_M,
                    help="time M up to this with a CUDA graph")
     p.add_argument("--git-commit", default=None,
                    help="record this commit (for a tree copied without .git)")
@@ -683,7 +805,8 @@ def tuned_tiles(device_name: str) -> dict | None:
 
 # %% ../book/appendix_c_measuring.ipynb #ed3b0348
 class _Outputs(io.TextIOBase):
-    "A cell's stdout or stderr, kept as Jupyter stream outputs (consecutive writes joined)."
+    """A cell's stdout or stderr, kept as Jupyter stream outputs (consecutive writes
+    joined)."""
 
     def __init__(self, outputs: list, name: str):
         self.outputs, self.name = outputs, name
@@ -693,24 +816,33 @@ class _Outputs(io.TextIOBase):
         if last and last.get("output_type") == "stream" and last["name"] == self.name:
             last["text"] += text
         else:
-            self.outputs.append({"name": self.name, "output_type": "stream", "text": text})
+            self.outputs.append(
+                {"name": self.name, "output_type": "stream", "text": text}
+            )
         return len(text)
 
 
 def _figure_output(fig) -> dict:
-    "A matplotlib figure as a Jupyter display_data output (PNG, as the inline backend makes)."
+    """A matplotlib figure as a Jupyter display_data output (PNG, as the inline backend
+    makes)."""
     buf = io.BytesIO()
     fig.savefig(buf, format="png", bbox_inches="tight")
     w, h = fig.get_size_inches() * fig.dpi
-    return {"output_type": "display_data", "metadata": {},
-            "data": {"image/png": base64.b64encode(buf.getvalue()).decode(),
-                     "text/plain": f"<Figure size {w:.0f}x{h:.0f} with {len(fig.axes)} Axes>"}}
+    return {
+        "output_type": "display_data",
+        "metadata": {},
+        "data": {
+            "image/png": base64.b64encode(buf.getvalue()).decode(),
+            "text/plain": f"<Figure size {w:.0f}x{h:.0f} with {len(fig.axes)} Axes>",
+        },
+    }
 
 
 def _install_display(current: list) -> None:
-    """Route `IPython.display.display` (a stand-in module when IPython is not installed) and
-    `plt.show` into the outputs of the running cell, `current[0]`."""
+    """Route `IPython.display.display` (a stand-in module when IPython is not installed)
+    and `plt.show` into the outputs of the running cell, `current[0]`."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -718,7 +850,9 @@ def _install_display(current: list) -> None:
         for obj in objs:
             if hasattr(obj, "_repr_markdown_"):
                 data = {"text/markdown": obj._repr_markdown_(), "text/plain": repr(obj)}
-                current[0].append({"output_type": "display_data", "metadata": {}, "data": data})
+                current[0].append(
+                    {"output_type": "display_data", "metadata": {}, "data": data}
+                )
             elif hasattr(obj, "savefig"):
                 current[0].append(_figure_output(obj))
             else:
@@ -732,8 +866,9 @@ def _install_display(current: list) -> None:
     try:
         import IPython.display as ipd
         import IPython.core.display_functions as idf
+
         ipd.display = idf.display = display
-    except ImportError:                                # a bare environment: a stand-in
+    except ImportError:  # a bare environment: a stand-in
         import types
 
         class Markdown:
@@ -750,15 +885,18 @@ def _install_display(current: list) -> None:
 
 
 def _run_notebook_here(src: Path, dst: Path) -> dict:
-    """Execute `src`'s code cells in order in this process (one namespace, the notebook's
-    directory as the working directory), stop at the first error, write the executed notebook
-    to `dst`. Returns {"notebook", "cells", "failed"}, `failed` None or {"cell", "error"}."""
+    """Execute `src`'s code cells in order in this process (one namespace, the
+    notebook's directory as the working directory), stop at the first error, write the
+    executed notebook to `dst`. Returns {"notebook", "cells", "failed"}, `failed` None
+    or {"cell", "error"}.
+    """
     nb = json.loads(Path(src).read_text())
     dst = Path(dst).resolve()
     os.chdir(Path(src).resolve().parent)
     current = [[]]
     _install_display(current)
     import matplotlib.pyplot as plt
+
     namespace, count, failed = {"__name__": "__main__"}, 0, None
     for i, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "code":
@@ -773,41 +911,70 @@ def _run_notebook_here(src: Path, dst: Path) -> dict:
             try:
                 exec(compile("".join(cell["source"]), f"<cell {i}>", "exec"), namespace)
                 if plt.get_fignums():
-                    plt.show()                         # what the inline backend shows anyway
-            except BaseException as e:                 # noqa: BLE001  (a cell may raise anything)
+                    plt.show()  # what the inline backend shows anyway
+            except BaseException as e:  # noqa: BLE001  (a cell may raise anything)
                 lines = traceback.format_exception(type(e), e, e.__traceback__)
-                current[0].append({"output_type": "error", "ename": type(e).__name__,
-                                   "evalue": str(e), "traceback": lines})
-                failed = {"cell": i, "error": f"{type(e).__name__}: {e}".splitlines()[0]}
+                current[0].append({
+                    "output_type": "error",
+                    "ename": type(e).__name__,
+                    "evalue": str(e),
+                    "traceback": lines,
+                })
+                failed = {
+                    "cell": i,
+                    "error": f"{type(e).__name__}: {e}".splitlines()[0],
+                }
     dst.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
     return {"notebook": Path(src).name, "cells": count, "failed": failed}
 
 
 def run_notebook(src, dst, timeout_s: float = 600, env: dict | None = None) -> dict:
-    """Execute notebook `src` in a fresh Python process and write the executed copy to `dst`.
-    Returns {"notebook", "cells", "failed", "seconds"}: `failed` is None, or the first cell that
-    raised (index and error), or a timeout. `env`: extra environment variables for the process."""
+    """Execute notebook `src` in a fresh Python process and write the executed copy to
+    `dst`. Returns {"notebook", "cells", "failed", "seconds"}: `failed` is None, or the
+    first cell that raised (index and error), or a timeout. `env`: extra environment
+    variables for the process.
+    """
     package_root = str(_package_dir().parent)
     full_env = {**os.environ, **(env or {})}
-    full_env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root,
-                                                         full_env.get("PYTHONPATH")) if p)
-    code = ("import json, sys; from kimi_mlp.measure import _run_notebook_here; "
-            "print(json.dumps(_run_notebook_here(sys.argv[1], sys.argv[2])))")
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (package_root, full_env.get("PYTHONPATH")) if p
+    )
+    code = (
+        "import json, sys; from kimi_mlp.measure import _run_notebook_here; "
+        "print(json.dumps(_run_notebook_here(sys.argv[1], sys.argv[2])))"
+    )
     t0 = time.perf_counter()
     try:
-        p = subprocess.run([sys.executable, "-c", code, str(Path(src).resolve()),
-                            str(Path(dst).resolve())], capture_output=True, text=True,
-                           timeout=timeout_s, env=full_env)
+        p = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                code,
+                str(Path(src).resolve()),
+                str(Path(dst).resolve()),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=full_env,
+        )
     except subprocess.TimeoutExpired:
-        return {"notebook": Path(src).name, "cells": None, "seconds": timeout_s,
-                "failed": {"cell": None, "error": f"timed out after {timeout_s:.0f} s"}}
+        return {
+            "notebook": Path(src).name,
+            "cells": None,
+            "seconds": timeout_s,
+            "failed": {"cell": None, "error": f"timed out after {timeout_s:.0f} s"},
+        }
     seconds = time.perf_counter() - t0
     try:
         result = json.loads(p.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
         tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["no output"]
-        result = {"notebook": Path(src).name, "cells": None,
-                  "failed": {"cell": None, "error": f"the runner failed: {tail[0]}"}}
+        result = {
+            "notebook": Path(src).name,
+            "cells": None,
+            "failed": {"cell": None, "error": f"the runner failed: {tail[0]}"},
+        }
     return {**result, "seconds": round(seconds, 1)}
 
 # %% ../book/appendix_c_measuring.ipynb #dcb5f7f6
@@ -817,26 +984,48 @@ REPORT_NOTEBOOKS = ("07_kernels.ipynb", "08_fused_mlp.ipynb", "09_benchmarks.ipy
 def _gpu_report_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m kimi_mlp gpu-report",
-        description="Everything that needs a GPU, in one run: the GPU check at the real shapes, "
-                    "chapters 7-9 executed on the GPU, and the benchmark sweep; all under --out.")
-    p.add_argument("--out", type=Path, required=True, help="directory for everything written")
-    p.add_argument("--git-commit", default=None, help="record this commit (a tree without .git)")
-    p.add_argument("--budget-s", type=float, default=420,
-                   help="seconds for the whole run; the sweep gets what is left (default 420)")
-    p.add_argument("--notebooks", type=lambda s: tuple(s.split(",")), default=REPORT_NOTEBOOKS,
-                   help="comma-separated notebook file names in book/ (default chapters 7-9)")
-    p.add_argument("--cpu-smoke", action="store_true",
-                   help="no GPU: the same steps through the interpreter at small shapes")
+        description=(
+            "Everything that needs a GPU, in one run: the GPU check at the real shapes,"
+            " chapters 7-9 executed on the GPU, and the benchmark sweep; all under"
+            " --out."
+        ),
+    )
+    p.add_argument(
+        "--out", type=Path, required=True, help="directory for everything written"
+    )
+    p.add_argument(
+        "--git-commit", default=None, help="record this commit (a tree without .git)"
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=420,
+        help="seconds for the whole run; the sweep gets what is left (default 420)",
+    )
+    p.add_argument(
+        "--notebooks",
+        type=lambda s: tuple(s.split(",")),
+        default=REPORT_NOTEBOOKS,
+        help="comma-separated notebook file names in book/ (default chapters 7-9)",
+    )
+    p.add_argument(
+        "--cpu-smoke",
+        action="store_true",
+        help="no GPU: the same steps through the interpreter at small shapes",
+    )
     return p
 
 
 def gpu_report_main(argv=None) -> int:
-    """`python -m kimi_mlp gpu-report --out DIR`: 0 when every step passed, 1 when one failed,
-    2 when refused (no GPU and no --cpu-smoke)."""
+    """`python -m kimi_mlp gpu-report --out DIR`: 0 when every step passed, 1 when one
+    failed, 2 when refused (no GPU and no --cpu-smoke)."""
     args = _gpu_report_parser().parse_args(argv)
     if not torch.cuda.is_available() and not args.cpu_smoke:
-        print("gpu-report: no CUDA device; --cpu-smoke runs the same steps through Triton's CPU "
-              "interpreter at small shapes", file=sys.stderr)
+        print(
+            "gpu-report: no CUDA device; --cpu-smoke runs the same steps through"
+            " Triton's CPU interpreter at small shapes",
+            file=sys.stderr,
+        )
         return 2
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -847,60 +1036,101 @@ def gpu_report_main(argv=None) -> int:
         log.append(line)
 
     def save():
-        record = {"schema": "kimi-mlp-gpu-report/1", "cpu_smoke": args.cpu_smoke,
-                  "environment": env, "budget_s": args.budget_s, "steps": steps,
-                  "seconds": round(time.perf_counter() - t0, 1)}
+        record = {
+            "schema": "kimi-mlp-gpu-report/1",
+            "cpu_smoke": args.cpu_smoke,
+            "environment": env,
+            "budget_s": args.budget_s,
+            "steps": steps,
+            "seconds": round(time.perf_counter() - t0, 1),
+        }
         (out / "gpu-report.json").write_text(json.dumps(record, indent=1) + "\n")
         (out / "gpu-report.log").write_text("\n".join(log) + "\n")
 
     env = environment(args.git_commit)
-    say(f"gpu-report: {env.get('gpu', 'CPU (Triton interpreter)')}, torch {env['torch']}, "
-        f"triton {env['triton']}, commit {env['git_commit']}")
+    say(
+        f"gpu-report: {env.get('gpu', 'CPU (Triton interpreter)')}, torch"
+        f" {env['torch']}, triton {env['triton']}, commit {env['git_commit']}"
+    )
     smoke = ["--cpu-smoke"] if args.cpu_smoke else []
     commit = ["--git-commit", env["git_commit"]] if env["git_commit"] else []
     t = time.perf_counter()
     rc = gpucheck_main(["--out", str(out), *commit, *smoke])
-    steps.append({"step": "gpucheck", "ok": rc == 0, "rc": rc,
-                  "seconds": round(time.perf_counter() - t, 1)})
+    steps.append({
+        "step": "gpucheck",
+        "ok": rc == 0,
+        "rc": rc,
+        "seconds": round(time.perf_counter() - t, 1),
+    })
     say(f"gpucheck: {'passed' if rc == 0 else f'FAILED (exit status {rc})'}")
     save()
     book = _package_dir().parent / "book"
     for name in args.notebooks:
         left = args.budget_s - (time.perf_counter() - t0)
         if not (book / name).is_file():
-            steps.append({"step": f"notebook {name}", "ok": False, "skipped": True,
-                          "reason": f"{book / name} not found (an installed copy of the "
-                                    "package has no notebooks: run from a clone)"})
+            steps.append({
+                "step": f"notebook {name}",
+                "ok": False,
+                "skipped": True,
+                "reason": (
+                    f"{book / name} not found (an installed copy of the "
+                    "package has no notebooks: run from a clone)"
+                ),
+            })
         else:
             rehearse = {"KIMI_BOOK_MODE": "rehearsal"} if args.cpu_smoke else {}
-            r = run_notebook(book / name, out / name, timeout_s=max(60.0, left / 2),
-                             env=rehearse)
+            r = run_notebook(
+                book / name, out / name, timeout_s=max(60.0, left / 2), env=rehearse
+            )
             steps.append({"step": f"notebook {name}", "ok": r["failed"] is None, **r})
         s = steps[-1]
-        say(f"{name}: " + ("ran, every cell passed" if s["ok"] else
-                           s.get("reason") or f"FAILED at cell {s['failed']['cell']}: "
-                                              f"{s['failed']['error']}"))
+        say(
+            f"{name}: "
+            + (
+                "ran, every cell passed"
+                if s["ok"]
+                else s.get("reason")
+                or f"FAILED at cell {s['failed']['cell']}: {s['failed']['error']}"
+            )
+        )
         save()
-    from kimi_mlp import harness                         # imports kimi_mlp.kernels
+    from kimi_mlp import harness  # imports kimi_mlp.kernels
+
     left = args.budget_s - (time.perf_counter() - t0)
     if left < 30 and not args.cpu_smoke:
-        steps.append({"step": "bench", "ok": False, "skipped": True,
-                      "reason": f"{left:.0f} s of the budget left, fewer than 30"})
+        steps.append({
+            "step": "bench",
+            "ok": False,
+            "skipped": True,
+            "reason": f"{left:.0f} s of the budget left, fewer than 30",
+        })
     else:
         t = time.perf_counter()
         try:
-            record = harness.bench(cpu_smoke=args.cpu_smoke, budget_s=max(left - 20, 10),
-                                   git_commit=env["git_commit"], log=say)
+            record = harness.bench(
+                cpu_smoke=args.cpu_smoke,
+                budget_s=max(left - 20, 10),
+                git_commit=env["git_commit"],
+                log=say,
+            )
             path = harness.write_record(record, out)
             ok = all(r["ok"] for r in record["results"])
-            steps.append({"step": "bench", "ok": ok, "file": path.name,
-                          "seconds": round(time.perf_counter() - t, 1)})
-        except Exception as e:                         # noqa: BLE001  (report it, then finish)
-            steps.append({"step": "bench", "ok": False, "error": f"{type(e).__name__}: {e}"})
+            steps.append({
+                "step": "bench",
+                "ok": ok,
+                "file": path.name,
+                "seconds": round(time.perf_counter() - t, 1),
+            })
+        except Exception as e:  # noqa: BLE001  (report it, then finish)
+            steps.append(
+                {"step": "bench", "ok": False, "error": f"{type(e).__name__}: {e}"}
+            )
     say(f"bench: {'passed' if steps[-1]['ok'] else 'FAILED or skipped'}")
     ok = all(s["ok"] for s in steps)
-    say(f"gpu-report: {'every step passed' if ok else 'SOME STEPS FAILED'} in "
-        f"{time.perf_counter() - t0:.0f} s; files in {out}")
+    say(
+        f"gpu-report: {'every step passed' if ok else 'SOME STEPS FAILED'} in "
+        f"{time.perf_counter() - t0:.0f} s; files in {out}"
+    )
     save()
     return 0 if ok else 1
 

@@ -202,7 +202,7 @@ def tp_ffn_block(h: torch.Tensor, shard: nn.Module, group=None, impl: str = "fus
     return (y.to(torch.bfloat16) + rows).reshape(h.shape)      # the residual, once
 
 # %% ../book/10_parallel.ipynb #03742406
-EPS_F32 = 2.0**-24   # float32's unit roundoff
+EPS_F32 = 2.0**-24  # float32's unit roundoff
 
 
 def gamma(k: int, eps: float = EPS_F32) -> float:
@@ -214,8 +214,8 @@ def sharded_sum_bound(n_steps: int, world_size: int) -> float:
     """c such that |y_P - y_1| <= c * sum_k |t_k| for every output of the down
     projection: y_1 adds the n_steps terms t_k in one chain (n - 1 additions on the
     longest path), y_P n/P of them on each rank and then the P partial sums (P - 1 more
-    at most); 2 eps_f32 covers a term rounded alone in one sum and fused into an add in the
-    other."""
+    at most); 2 eps_f32 covers a term rounded alone in one sum and fused into an add in
+    the other."""
     depth_p = n_steps // world_size - 1 + world_size - 1
     return gamma(n_steps - 1) + gamma(depth_p) + 2 * EPS_F32
 

@@ -1,0 +1,27 @@
+"""A house rule the book's sources keep: every line of a notebook's code cells fits the
+line length that pyproject.toml sets (the book's column shows about 75 characters)."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# [tool.ruff] line-length, read without tomllib (Python 3.11+) since the package allows 3.10.
+_RUFF = re.search(r"^\[tool\.ruff\]\n(?:[^\[].*\n)*?line-length\s*=\s*(\d+)",
+                  (ROOT / "pyproject.toml").read_text(), re.M)
+LINE_LENGTH = int(_RUFF.group(1))
+NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
+
+
+def code_cells(path):
+    for i, cell in enumerate(json.loads(path.read_text())["cells"]):
+        if cell["cell_type"] == "code":
+            yield i, cell, "".join(cell["source"])
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_code_lines_fit_the_column(path):
+    long = [(i, len(line)) for i, _, src in code_cells(path)
+            for line in src.splitlines() if len(line) > LINE_LENGTH]
+    assert not long, f"{path.name}: (cell, length) of lines over {LINE_LENGTH}: {long}"
