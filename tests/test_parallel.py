@@ -116,7 +116,7 @@ def test_down_abs_terms_and_the_bound(rng):
     t = ffn_tensors(block)
     h = torch.randn(5, 256, generator=rng).to(torch.bfloat16)
     ref = tp.ffn_partial(h, t, "torch")
-    w, s = t["down_proj.weight"], t["down_proj.weight_scale_inv"]
+    w, s = t.down, t.down_scale
     total = tp.down_abs_terms(ref["p_fp8"], ref["p_scale"], w, s)
     steps = torch.zeros_like(total)
     for k in range(s.shape[1]):         # each step alone: fp8_matmul_blockwise's t_k
@@ -126,9 +126,9 @@ def test_down_abs_terms_and_the_bound(rng):
             w[:, cols].contiguous(), s[:, one].contiguous()).abs()
     assert torch.equal(total, steps)
     assert (total * (1 + tp.gamma(7)) >= ref["y"].double().abs()).all()   # 8 terms
-    u = 2.0 ** -24
-    assert tp.sharded_sum_bound(144, 8) == pytest.approx(169 * u, rel=1e-4)
-    assert tp.sharded_sum_bound(8, 2) == pytest.approx(13 * u, rel=1e-6)
+    eps = 2.0 ** -24
+    assert tp.sharded_sum_bound(144, 8) == pytest.approx(169 * eps, rel=1e-4)
+    assert tp.sharded_sum_bound(8, 2) == pytest.approx(13 * eps, rel=1e-6)
 
 
 @pytest.mark.parametrize("impl", ["torch", "fused"])
