@@ -76,6 +76,26 @@ def _checked_norm(norm: nn.Module) -> tuple[torch.Tensor, float]:
     return gain, float(eps)
 
 # %% ../book/08_fused_mlp.ipynb #2f4e8b90
+def _checked_weight(mlp: nn.Module, name: str, d: int, f: int, device) -> tuple:
+    "`block.mlp.<name>`'s e4m3 weight and float32 block scales, checked, not read."
+    shape = (d, f) if name == "down_proj" else (f, d)
+    w, s = getattr(mlp, name).weight, getattr(mlp, name).weight_scale_inv
+    scales = (math.ceil(shape[0] / 128), math.ceil(shape[1] / 128))
+    if w.dtype != FP8_DTYPE or tuple(w.shape) != shape:
+        raise ValueError(f"block.mlp.{name}.weight: expected {list(shape)} "
+                         f"torch.float8_e4m3fn (hidden_size {d}, intermediate_size "
+                         f"{f}), got {list(w.shape)} {w.dtype}")
+    if s.dtype != torch.float32 or tuple(s.shape) != scales:
+        raise ValueError(f"block.mlp.{name}.weight_scale_inv: expected "
+                         f"{list(scales)} torch.float32, got {list(s.shape)} "
+                         f"{s.dtype}")
+    if w.device != device or s.device != device:
+        raise ValueError(f"block.mlp.{name}: expected its tensors on {device} "
+                         f"(the norm gain's device), got weight on {w.device}, "
+                         f"weight_scale_inv on {s.device}")
+    return w, s
+
+# %% ../book/08_fused_mlp.ipynb #a8c41e07
 def ffn_tensors(block: nn.Module) -> FfnTensors:
     """The tensors the fused FFN half reads from `block`, checked without reading their
     data: a `ResidualBlock` (or `FusedFp8DenseMLP`) whose `post_attention_layernorm`
@@ -94,26 +114,9 @@ def ffn_tensors(block: nn.Module) -> FfnTensors:
                          f"{tuple(mlp.block_size)}")
     gain, eps = _checked_norm(norm)
     d, f = gain.shape[0], mlp.gate_proj.weight.shape[0]
-    found = {}
-    shapes = {"gate_proj": (f, d), "up_proj": (f, d), "down_proj": (d, f)}
-    for name, shape in shapes.items():
-        w, s = getattr(mlp, name).weight, getattr(mlp, name).weight_scale_inv
-        scales = (math.ceil(shape[0] / 128), math.ceil(shape[1] / 128))
-        if w.dtype != FP8_DTYPE or tuple(w.shape) != shape:
-            raise ValueError(f"block.mlp.{name}.weight: expected {list(shape)} "
-                             f"torch.float8_e4m3fn (hidden_size {d}, intermediate_size "
-                             f"{f}), got {list(w.shape)} {w.dtype}")
-        if s.dtype != torch.float32 or tuple(s.shape) != scales:
-            raise ValueError(f"block.mlp.{name}.weight_scale_inv: expected "
-                             f"{list(scales)} torch.float32, got {list(s.shape)} "
-                             f"{s.dtype}")
-        if w.device != gain.device or s.device != gain.device:
-            raise ValueError(f"block.mlp.{name}: expected its tensors on {gain.device} "
-                             f"(the norm gain's device), got weight on {w.device}, "
-                             f"weight_scale_inv on {s.device}")
-        found[name] = (w, s)
-    return FfnTensors(gain, eps, *found["gate_proj"], *found["up_proj"],
-                      *found["down_proj"])
+    w = {name: _checked_weight(mlp, name, d, f, gain.device)
+         for name in ("gate_proj", "up_proj", "down_proj")}
+    return FfnTensors(gain, eps, *w["gate_proj"], *w["up_proj"], *w["down_proj"])
 
 # %% ../book/08_fused_mlp.ipynb #bedc3035
 def _check_hidden(h, d: int, device: torch.device) -> None:
@@ -134,7 +137,7 @@ def _check_hidden(h, d: int, device: torch.device) -> None:
                          "backward), got a tensor that requires grad; call under "
                          "torch.no_grad() or pass h.detach()")
 
-
+# %% ../book/08_fused_mlp.ipynb #b3e90d52
 def fused_ffn_block(h: torch.Tensor, block: nn.Module) -> torch.Tensor:
     """The FFN half of a Kimi K2 dense block, `h + mlp(post_attention_layernorm(h))`.
 
@@ -152,15 +155,16 @@ def fused_ffn_block(h: torch.Tensor, block: nn.Module) -> torch.Tensor:
 # %% ../book/08_fused_mlp.ipynb #5d0b3c62
 def _scratch(m: int, d: int, f: int, plans, device) -> tuple:
     """The intermediates of one call for m tokens: x (e4m3, and its bytes as the kernels
-    write them), its scales, the same for the gated product a, and the split-K partials
+    write them), its scales, the same for the gated product p, and the split-K partials
     of each GEMM (None with one slice)."""
-    empty = lambda *shape, dtype=torch.float32: torch.empty(*shape, dtype=dtype,
-                                                            device=device)
-    x, a = empty(m, d, dtype=FP8_DTYPE), empty(m, f, dtype=FP8_DTYPE)
+    def empty(*shape, dtype=torch.float32):
+        return torch.empty(*shape, dtype=dtype, device=device)
+
+    x, p = empty(m, d, dtype=FP8_DTYPE), empty(m, f, dtype=FP8_DTYPE)
     (gu, dn), cols = plans, lambda n: -(-n // 128)
     part_gu = empty(gu["split_k"], 2, m, f) if gu["split_k"] > 1 else None
     part_dn = empty(dn["split_k"], m, d) if dn["split_k"] > 1 else None
-    return (x, x.view(torch.uint8), empty(m, cols(d)), a, a.view(torch.uint8),
+    return (x, x.view(torch.uint8), empty(m, cols(d)), p, p.view(torch.uint8),
             empty(m, cols(f)), part_gu, part_dn)
 
 
@@ -169,13 +173,13 @@ def _ffn_launches(rows, t: FfnTensors, weights, plans, scratch):
     block's tensors, weights (gate, up, down) as the kernels read them
     (`kernels._weight_operands`), plans the two GEMMs' (`kernels._plan_for`), scratch
     the intermediates (`_scratch`). Returns a new [M, d] bf16 tensor."""
-    x, x_codes, x_scale, a, a_codes, a_scale, part_gu, part_dn = scratch
+    x, x_codes, x_scale, p, p_codes, p_scale, part_gu, part_dn = scratch
     (gate, up, down), (plan_gu, plan_dn) = weights, plans
-    kernels._launch_rmsnorm_quant(rows, t.norm_weight, t.eps, x_codes, x_scale)   # 1
-    kernels._launch_gate_up(x, x_scale, gate, t.gate_scale, up, t.up_scale,      # 2
-                            a_codes, a_scale, None, plan_gu, part_gu)
+    kernels._launch_rmsnorm_quant(rows, t.norm_weight, t.eps, x_codes, x_scale)  # 1
+    kernels._launch_gate_up(x, x_scale, gate, t.gate_scale, up, t.up_scale,  # 2
+                            p_codes, p_scale, None, plan_gu, part_gu)
     out = torch.empty_like(rows)
-    return kernels._launch_gemm(a, a_scale, down, t.down_scale, out, rows,        # 3
+    return kernels._launch_gemm(p, p_scale, down, t.down_scale, out, rows,  # 3
                                 plan_dn, part_dn)
 
 # %% ../book/08_fused_mlp.ipynb #0d77f80e
@@ -183,10 +187,32 @@ def _ffn_launches(rows, t: FfnTensors, weights, plans, scratch):
 SCRATCH_MAX_M = 256
 
 
+def _plans_and_scratch(t: FfnTensors, m: int) -> tuple:
+    """The two GEMMs' plans (chapter 7) and the intermediates for m tokens, with the
+    32-bit offset guard checked before the first launch."""
+    d, f, dev = t.hidden_size, t.intermediate_size, t.norm_weight.device
+    if m * max(d, f) >= 2**31:
+        kernels._check_offsets("h", f"[{m}, {d}] through the intermediate [M, {f}]",
+                               m * max(d, f))
+    plans = (kernels._plan_for("gate_up", m, f, d, dev),
+             kernels._plan_for("down", m, d, f, dev))
+    return plans, _scratch(m, d, f, plans, dev)
+
+# %% ../book/08_fused_mlp.ipynb #c61f2a9d
 class _CheckedOnce(nn.Module):
-    """What `FusedFp8DenseMLP` keeps between calls: the tensors, checked (`_t`), the
-    weights as the kernels read them (`_weights`: TMA descriptors, built once), and per
-    token count the plans and intermediates (`_per_m`) and CUDA graphs (`_graphs`)."""
+    """What `FusedFp8DenseMLP` keeps between calls: the block's two submodules (shared,
+    not copied), its tensors checked (`_t`), the weights as the kernels read them
+    (`_weights`: TMA descriptors, built once), and per token count the plans and
+    intermediates (`_per_m`) and CUDA graphs (`_graphs`)."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        ffn_tensors(block)                                   # refuse a bad block first
+        self.post_attention_layernorm = block.post_attention_layernorm
+        self.mlp = block.mlp
+        self.config = getattr(block, "config", None)
+        self._bind()
+        self.register_load_state_dict_post_hook(lambda module, keys: module._bind())
 
     def _bind(self):
         "Check the tensors and cache what every call reads; drop what was kept."
@@ -202,17 +228,10 @@ class _CheckedOnce(nn.Module):
         return self
 
     def _prepare(self, m: int, keep: bool = True):
-        """The GEMMs' plans and the intermediates for m tokens, every guard checked
-        before the first launch; kept for the next call when m <= SCRATCH_MAX_M
-        (decode sizes: calls must then come one at a time, on one CUDA stream, as in
-        serving)."""
-        d, f, dev = self.hidden_size, self.intermediate_size, self._t.norm_weight.device
-        if m * max(d, f) >= 2**31:
-            kernels._check_offsets("h", f"[{m}, {d}] through the intermediate [M, {f}]",
-                                   m * max(d, f))
-        plans = (kernels._plan_for("gate_up", m, f, d, dev),
-                 kernels._plan_for("down", m, d, f, dev))
-        entry = plans, _scratch(m, d, f, plans, dev)
+        """Plans and intermediates for m tokens, kept for the next call when
+        m <= SCRATCH_MAX_M (decode sizes: calls must then come one at a time, on one
+        CUDA stream, as in serving)."""
+        entry = _plans_and_scratch(self._t, m)
         if keep and m <= SCRATCH_MAX_M:
             self._per_m[m] = entry
         return entry
@@ -224,15 +243,6 @@ class FusedFp8DenseMLP(_CheckedOnce):
     `load_dense_block` returns it; shares that block's `post_attention_layernorm` and
     `mlp` (no copies), so the state_dict keys are the checkpoint's. Checks the tensors
     once; forward(h: [B, T, d] or [M, d] bf16) checks only h and launches."""
-
-    def __init__(self, block: nn.Module):
-        super().__init__()
-        ffn_tensors(block)                                   # refuse a bad block first
-        self.post_attention_layernorm = block.post_attention_layernorm
-        self.mlp = block.mlp
-        self.config = getattr(block, "config", None)
-        self._bind()
-        self.register_load_state_dict_post_hook(lambda module, keys: module._bind())
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir, layer: int = 0, device="cpu"):
@@ -296,39 +306,44 @@ def _replay(captured: tuple, rows: torch.Tensor) -> torch.Tensor:
     return static_out.clone()
 
 # %% ../book/08_fused_mlp.ipynb #396fb21c
-from .checkpoint import relative_error  # chapter 6: ||y - ref|| / ||ref||, in float64
+from .checkpoint import relative_error  # chapter 6: ||y - ref|| / ||ref||
 
 
 def deepgemm_measure(x: torch.Tensor, y: torch.Tensor) -> float:
-    "DeepGEMM's acceptance measure `1 - 2 sum(x*y) / sum(x^2 + y^2)` in float64 (0 when x == y)."
+    """DeepGEMM's measure `1 - 2 sum(x*y) / sum(x^2 + y^2)`, in float64: 0 when x == y,
+    about half the squared relative rms error otherwise."""
     x, y = x.double(), y.double()
     return (1 - 2 * (x * y).sum() / (x * x + y * y).sum()).item()
 
 # %% ../book/08_fused_mlp.ipynb #21d5af1d
-def random_dense_block(hidden_size: int = 7168, intermediate_size: int = 18432, device="cpu",
-                       seed: int = 0, eps: float = 1e-6) -> ResidualBlock:
-    """A `ResidualBlock(RMSNorm, Fp8DenseMLP)` with random weights, built directly on `device`.
+def random_dense_block(hidden_size: int = 7168, intermediate_size: int = 18432,
+                       device="cpu", seed: int = 0, eps: float = 1e-6) -> ResidualBlock:
+    """A `ResidualBlock(RMSNorm, Fp8DenseMLP)` with random weights, built on `device`.
 
-    Weights are heavy-tailed (a Gaussian times a log-normal factor) with standard deviation about
-    `1/sqrt(in_features)`, quantized by `quantize_weight_blockwise` (128 x 128 blocks); the gain is
-    log-normal around 1, bf16. Made for GPU checks and benchmarks at the real shapes without writing
-    a 378 MiB checkpoint; `write_synthetic_checkpoint` (chapter 6) is the file-based equivalent.
-    """
+    Weights are heavy-tailed (a Gaussian times a log-normal factor) with standard
+    deviation about `1/sqrt(in_features)`, quantized by `quantize_weight_blockwise`
+    (128 x 128 blocks); the gain is log-normal around 1, bf16. Made for GPU checks and
+    benchmarks at the real shapes without writing a 378 MiB checkpoint;
+    `write_synthetic_checkpoint` (chapter 6) is the file-based equivalent."""
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)
 
     def weight(n, k):
         w = torch.randn(n, k, generator=gen, device=device)
         w.mul_(torch.randn(n, k, generator=gen, device=device).mul_(0.5).exp_())
-        return quantize_weight_blockwise(w.mul_(k ** -0.5 * math.exp(-0.25)))   # E[w^2] = 1/k
+        w.mul_(k ** -0.5 * math.exp(-0.25))                   # E[w^2] = 1/k
+        return quantize_weight_blockwise(w)
 
     d, f = hidden_size, intermediate_size
-    state = {"post_attention_layernorm.weight":
-             torch.randn(d, generator=gen, device=device).mul_(0.2).exp_().to(torch.bfloat16)}
-    for name, (n, k) in (("gate_proj", (f, d)), ("up_proj", (f, d)), ("down_proj", (d, f))):
-        state[f"mlp.{name}.weight"], state[f"mlp.{name}.weight_scale_inv"] = weight(n, k)
+    gain = torch.randn(d, generator=gen, device=device).mul_(0.2).exp_()
+    state = {"post_attention_layernorm.weight": gain.to(torch.bfloat16)}
+    for name, (n, k) in (("gate_proj", (f, d)), ("up_proj", (f, d)),
+                         ("down_proj", (d, f))):
+        w, s = weight(n, k)
+        state[f"mlp.{name}.weight"], state[f"mlp.{name}.weight_scale_inv"] = w, s
     with torch.device("meta"):
-        block = ResidualBlock(RMSNorm(d, eps=eps, dtype=torch.bfloat16), Fp8DenseMLP(d, f))
+        norm = RMSNorm(d, eps=eps, dtype=torch.bfloat16)
+        block = ResidualBlock(norm, Fp8DenseMLP(d, f))
     block.load_state_dict(state, strict=True, assign=True)
     return block.requires_grad_(False)
 
@@ -338,42 +353,53 @@ def _scale_bytes(rows: int, cols: int) -> int:
     return 4 * math.ceil(rows / 128) * math.ceil(cols / 128)
 
 
-def fused_launch_costs(m: int, hidden_size: int = 7168, intermediate_size: int = 18432) -> list[dict]:
+def fused_launch_costs(m: int, hidden_size: int = 7168,
+                       intermediate_size: int = 18432) -> list[dict]:
     """Compulsory traffic and FLOP of the three fused launches for m tokens.
 
-    Each row: `launch`, `read` and `written` (bytes, each tensor once), `flop` (GEMM FLOP, 2*M*N*K;
-    elementwise work counted as 0). Activation scales: float32, one per token and 128 features.
-    """
+    Each row: `launch`, `read` and `written` (bytes, each tensor once), `flop` (GEMM
+    FLOP, 2*M*N*K; elementwise work counted as 0). Activation scales: float32, one per
+    token and 128 features."""
     d, f = hidden_size, intermediate_size
-    xs, as_ = 4 * m * math.ceil(d / 128), 4 * m * math.ceil(f / 128)
+    xs, ps = 4 * m * math.ceil(d / 128), 4 * m * math.ceil(f / 128)
+    w_gate_up = 2 * (f * d + _scale_bytes(f, d))
+    w_down = d * f + _scale_bytes(d, f)
     return [
-        {"launch": "rmsnorm_quant", "read": 2 * m * d + 2 * d, "written": m * d + xs, "flop": 0},
-        {"launch": "fp8_gate_up_swiglu_quant", "read": m * d + xs + 2 * (f * d + _scale_bytes(f, d)),
-         "written": m * f + as_, "flop": 2 * 2 * m * f * d},
-        {"launch": "fp8_down_residual", "read": m * f + as_ + d * f + _scale_bytes(d, f) + 2 * m * d,
+        {"launch": "rmsnorm_quant", "read": 2 * m * d + 2 * d,
+         "written": m * d + xs, "flop": 0},
+        {"launch": "fp8_gate_up_swiglu_quant", "read": m * d + xs + w_gate_up,
+         "written": m * f + ps, "flop": 2 * 2 * m * f * d},
+        {"launch": "fp8_down_residual", "read": m * f + ps + w_down + 2 * m * d,
          "written": 2 * m * d, "flop": 2 * m * d * f},
     ]
 
-
-def unfused_launch_costs(m: int, hidden_size: int = 7168, intermediate_size: int = 18432) -> list[dict]:
-    """The same for the unfused W8A8 pipeline, one launch per step, bf16 between steps:
-    norm+quantize, gate GEMM, up GEMM, SiLU, multiply, quantize, down GEMM, residual add."""
+# %% ../book/08_fused_mlp.ipynb #d2b7e4a0
+def unfused_launch_costs(m: int, hidden_size: int = 7168,
+                         intermediate_size: int = 18432) -> list[dict]:
+    """The same for the unfused W8A8 pipeline, one launch per step, bf16 between
+    steps: norm+quantize, gate GEMM, up GEMM, SiLU, multiply, quantize, down GEMM,
+    residual add."""
     d, f = hidden_size, intermediate_size
-    xs, as_ = 4 * m * math.ceil(d / 128), 4 * m * math.ceil(f / 128)
-    gemm_in = m * d + xs + f * d + _scale_bytes(f, d)
+    ps = 4 * m * math.ceil(f / 128)
+    gemm_in = m * d + 4 * m * math.ceil(d / 128) + f * d + _scale_bytes(f, d)
+    w_down = d * f + _scale_bytes(d, f)
     return [
         fused_launch_costs(m, d, f)[0],
-        {"launch": "fp8_gemm gate_proj", "read": gemm_in, "written": 2 * m * f, "flop": 2 * m * f * d},
-        {"launch": "fp8_gemm up_proj", "read": gemm_in, "written": 2 * m * f, "flop": 2 * m * f * d},
+        {"launch": "fp8_gemm gate_proj", "read": gemm_in, "written": 2 * m * f,
+         "flop": 2 * m * f * d},
+        {"launch": "fp8_gemm up_proj", "read": gemm_in, "written": 2 * m * f,
+         "flop": 2 * m * f * d},
         {"launch": "silu", "read": 2 * m * f, "written": 2 * m * f, "flop": 0},
         {"launch": "multiply", "read": 4 * m * f, "written": 2 * m * f, "flop": 0},
-        {"launch": "act_quant", "read": 2 * m * f, "written": m * f + as_, "flop": 0},
-        {"launch": "fp8_gemm down_proj", "read": m * f + as_ + d * f + _scale_bytes(d, f),
+        {"launch": "act_quant", "read": 2 * m * f, "written": m * f + ps, "flop": 0},
+        {"launch": "fp8_gemm down_proj", "read": m * f + ps + w_down,
          "written": 2 * m * d, "flop": 2 * m * d * f},
         {"launch": "residual add", "read": 4 * m * d, "written": 2 * m * d, "flop": 0},
     ]
 
 
 def launch_floor_s(cost: dict, bytes_per_s: float, flop_per_s: float) -> float:
-    "The roofline floor of one launch: max(bytes moved / bandwidth, FLOP / rate), in seconds."
-    return max((cost["read"] + cost["written"]) / bytes_per_s, cost["flop"] / flop_per_s)
+    """The roofline floor of one launch, in seconds: the larger of its bytes over the
+    bandwidth and its FLOP over the arithmetic rate."""
+    moved = cost["read"] + cost["written"]
+    return max(moved / bytes_per_s, cost["flop"] / flop_per_s)
