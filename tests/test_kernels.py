@@ -513,7 +513,7 @@ def test_down_residual(m, f, d, split_k):
     alone = K.fp8_down_residual(*dev(p_fp8, p_s, dw, ds, torch.zeros_like(residual)),
                                 out=nan_like((m, d), torch.bfloat16), split_k=split_k).cpu()
     assert rel_err(alone, mlp) <= 1e-2
-    assert deepgemm_diff(alone, fp8_linear_w8a16(h, dw, ds)) < 1e-3
+    assert deepgemm_diff(alone, fp8_linear_w8a16(p, dw, ds)) < 1e-3
 
 
 def test_down_residual_in_place():
