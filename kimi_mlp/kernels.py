@@ -360,6 +360,22 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, q_ptr, s_ptr, n_ptr, D, stride_x, d_floa
     g = tl.arange(0, N_GROUPS)
     tl.store(s_ptr + row * tl.cdiv(D, GROUP) + g, scale, mask=g * GROUP < D)
 
+# %% ../book/07_kernels.ipynb #3e7f2160
+def _check_rmsnorm_inputs(h, weight, eps, group_size):
+    "rmsnorm_quant's inputs: [M, d] bf16 rows, a [d] gain, eps >= 0. Returns (M, d)."
+    _check_rank("h", h, 2, "[M, d]")
+    _check_tensor("h", h, torch.bfloat16, row_stride_ok=True)
+    m, d = h.shape
+    if d == 0:
+        raise ValueError(f"h: expected a non-empty hidden dimension, got shape "
+                         f"{list(h.shape)}")
+    _check_rank("weight", weight, 1, "[d]")
+    _check_tensor("weight", weight, (torch.bfloat16, torch.float32), (d,), h.device)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"eps: expected a number >= 0, got {eps!r}")
+    _check_group_size(group_size)
+    return m, d
+
 # %% ../book/07_kernels.ipynb #e5540633
 def rmsnorm_quant(h: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                   group_size: int = 128, *, out: torch.Tensor | None = None,
@@ -376,17 +392,7 @@ def rmsnorm_quant(h: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     `normed_out`: optional [M, d] buffer (dtype of `weight * h`) that receives the
     normalized x the kernel quantized (a debugging window).
     """
-    _check_rank("h", h, 2, "[M, d]")
-    _check_tensor("h", h, torch.bfloat16, row_stride_ok=True)
-    m, d = h.shape
-    if d == 0:
-        raise ValueError(f"h: expected a non-empty hidden dimension, got shape "
-                         f"{list(h.shape)}")
-    _check_rank("weight", weight, 1, "[d]")
-    _check_tensor("weight", weight, (torch.bfloat16, torch.float32), (d,), h.device)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"eps: expected a number >= 0, got {eps!r}")
-    _check_group_size(group_size)
+    m, d = _check_rmsnorm_inputs(h, weight, eps, group_size)
     groups = math.ceil(d / group_size)
     out = _check_out("out", out, FP8_DTYPE, (m, d), h.device)
     scale_out = _check_out("scale_out", scale_out, torch.float32, (m, groups), h.device)
@@ -970,6 +976,26 @@ def _launch_gate_up(x, x_s, gate, gate_scale, up, up_scale, codes, scale_out, p_
         ws, codes, scale_out, p, m, f, split, FP8_MAX, ACT_AMAX_EPS, BLOCK_M=16,
         GROUP=QUANT_BLOCK, WRITE_P=write_p, NATIVE=NATIVE, num_warps=4)
 
+# %% ../book/07_kernels.ipynb #ec42b55d
+def _check_gate_up_args(x_fp8, x_scale, gate_w, gate_scale, up_w, up_scale, out,
+                        scale_out, p_out, split_k):
+    "fp8_gate_up_swiglu_quant's arguments. Returns (M, F, d, out, scale_out)."
+    m, f, k = _check_fp8_operands("x_fp8", x_fp8, "x_scale", x_scale,
+                                  "gate_w", gate_w, "gate_scale", gate_scale)
+    _check_rank("up_w", up_w, 2, "[F, d]")
+    _check_tensor("up_w", up_w, FP8_DTYPE, (f, k), x_fp8.device)
+    _check_tensor("up_scale", up_scale, torch.float32, _scale_shape(f, k), x_fp8.device)
+    _check_split_k(split_k)
+    groups, dev = math.ceil(f / QUANT_BLOCK), x_fp8.device
+    out = _check_out("out", out, FP8_DTYPE, (m, f), dev)
+    scale_out = _check_out("scale_out", scale_out, torch.float32, (m, groups), dev)
+    _check_out("p_out", p_out, torch.float32, (m, f), dev)
+    _check_no_overlap([("out", out), ("scale_out", scale_out), ("p_out", p_out)],
+                      [("x_fp8", x_fp8), ("x_scale", x_scale), ("gate_w", gate_w),
+                       ("gate_scale", gate_scale), ("up_w", up_w),
+                       ("up_scale", up_scale)])
+    return m, f, k, out, scale_out
+
 # %% ../book/07_kernels.ipynb #6b3f2d90
 def fp8_gate_up_swiglu_quant(x_fp8: torch.Tensor, x_scale: torch.Tensor,
                              gate_w: torch.Tensor, gate_scale: torch.Tensor,
@@ -988,20 +1014,10 @@ def fp8_gate_up_swiglu_quant(x_fp8: torch.Tensor, x_scale: torch.Tensor,
     `scale_out`: optional results; `p_out`: optional [M, F] fp32 buffer for p itself
     (`quantize_activation(p_out)` equals the results bit for bit). `split_k`, `num_sms`
     as in `fp8_gemm`; with slices, `_swiglu_quant_reduce_kernel` sums them in order."""
-    m, f, k = _check_fp8_operands("x_fp8", x_fp8, "x_scale", x_scale,
-                                  "gate_w", gate_w, "gate_scale", gate_scale)
-    _check_rank("up_w", up_w, 2, "[F, d]")
-    _check_tensor("up_w", up_w, FP8_DTYPE, (f, k), x_fp8.device)
-    _check_tensor("up_scale", up_scale, torch.float32, _scale_shape(f, k), x_fp8.device)
-    _check_split_k(split_k)
+    m, f, k, out, scale_out = _check_gate_up_args(
+        x_fp8, x_scale, gate_w, gate_scale, up_w, up_scale, out, scale_out, p_out,
+        split_k)
     groups, dev = math.ceil(f / QUANT_BLOCK), x_fp8.device
-    out = _check_out("out", out, FP8_DTYPE, (m, f), dev)
-    scale_out = _check_out("scale_out", scale_out, torch.float32, (m, groups), dev)
-    _check_out("p_out", p_out, torch.float32, (m, f), dev)
-    _check_no_overlap([("out", out), ("scale_out", scale_out), ("p_out", p_out)],
-                      [("x_fp8", x_fp8), ("x_scale", x_scale), ("gate_w", gate_w),
-                       ("gate_scale", gate_scale), ("up_w", up_w),
-                       ("up_scale", up_scale)])
     out = torch.empty(m, f, dtype=FP8_DTYPE, device=dev) if out is None else out
     if scale_out is None:
         scale_out = torch.empty(m, groups, dtype=torch.float32, device=dev)
