@@ -37,10 +37,10 @@ _COMPILE_ONLY_SMS = None
 def _round_to_bf16(x):
     """x: fp32 -> the nearest bfloat16 value (ties to even), still as fp32.
 
-    An explicit rounding, so the interpreter (whose fp32 -> bf16 cast truncates) and the GPU
-    (round to nearest even) produce the same bits. Infinities stay infinite, a finite value
-    above bf16's largest rounds to inf, and NaN stays NaN (the addition would carry a NaN's
-    low payload bits into the exponent or the sign)."""
+    An explicit rounding, so the interpreter (whose fp32 -> bf16 cast truncates) and
+    the GPU (round to nearest even) produce the same bits. Infinities stay infinite, a
+    finite value above bf16's largest rounds to inf, and NaN stays NaN (the addition
+    would carry a NaN's low payload bits into the exponent or the sign)."""
     bits = x.to(tl.uint32, bitcast=True)
     bits = bits + 0x7FFF + ((bits >> 16) & 1)
     bits = (bits >> 16) << 16
@@ -49,21 +49,23 @@ def _round_to_bf16(x):
 # %% ../book/07_kernels.ipynb #32602d88
 @triton.jit
 def _e4m3_code(q):
-    """q: fp32 already clamped to [-448, 448] (or NaN) -> its float8_e4m3fn bit pattern
-    (uint8), rounded to nearest, ties to even; what torch's `.to(torch.float8_e4m3fn)` gives,
-    computed with integer ops because the interpreter's fp32 -> e4m3 cast drops the carry into
-    the exponent. NaN becomes the NaN code 0x7F (0xFF with the sign bit), as in torch."""
+    """q: fp32 already clamped to [-448, 448] (or NaN) -> its float8_e4m3fn bit
+    pattern (uint8), rounded to nearest, ties to even: what torch's
+    `.to(torch.float8_e4m3fn)` gives, computed with integer ops because the
+    interpreter's fp32 -> e4m3 cast drops the carry into the exponent. NaN becomes
+    the NaN code 0x7F (0xFF with the sign bit), as in torch."""
     bits = q.to(tl.uint32, bitcast=True)
     sign = (bits >> 24) & 0x80
     mag = bits & 0x7FFFFFFF
-    # Normal range (|q| >= 2^-6): keep 3 of the 23 mantissa bits, rounding half to even; a carry
-    # out of the mantissa bumps the exponent, as it should. Rebias the exponent 127 -> 7.
+    # Normal range (|q| >= 2^-6): keep 3 of the 23 mantissa bits, half to even; a
+    # carry out of the mantissa bumps the exponent, as it should. Rebias 127 -> 7.
     normal = ((mag + 0x7FFFF + ((mag >> 20) & 1)) >> 20) - (120 << 3)
-    # Subnormals (|q| < 2^-6) are multiples of 2^-9. Adding 2^14, whose fp32 ulp is 2^-9, makes the
-    # fp32 adder round |q| to that grid (ties to even); the low mantissa bits are then the code.
+    # Subnormals (|q| < 2^-6) are multiples of 2^-9. Adding 2^14, whose fp32 ulp is
+    # 2^-9, makes the fp32 adder round |q| to that grid (ties to even); the low
+    # mantissa bits are then the code.
     sub = (tl.abs(q) + 16384.0).to(tl.uint32, bitcast=True) - 0x46800000
     code = tl.where(mag < 0x3C800000, sub, normal)
-    code = tl.where(q != q, 0x7F, code)              # NaN -> 0x7F (0xFF with the sign), as torch
+    code = tl.where(q != q, 0x7F, code)  # NaN -> 0x7F (0xFF with the sign), as torch
     return (code | sign).to(tl.uint8)
 
 # %% ../book/07_kernels.ipynb #bf8a25ae
@@ -97,8 +99,9 @@ def _e4m3_bits(q, NATIVE: tl.constexpr):
 
 # %% ../book/07_kernels.ipynb #f754cb22
 def _check_tensor(name, t, dtypes, shape=None, device=None, row_stride_ok=False):
-    """Validate one kernel argument: type, dtype, shape, device, contiguity. Reads no data.
-    `row_stride_ok`: a 2-d tensor may have padded rows (unit stride along the last dimension)."""
+    """Validate one kernel argument: type, dtype, shape, device, contiguity. Reads no
+    data. `row_stride_ok`: a 2-d tensor may have padded rows (unit stride along the
+    last dimension)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if not isinstance(dtypes, tuple):
@@ -109,36 +112,38 @@ def _check_tensor(name, t, dtypes, shape=None, device=None, row_stride_ok=False)
     if shape is not None and tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {list(shape)}, got {list(t.shape)}")
     if device is not None and t.device != device:
-        raise ValueError(f"{name}: expected a tensor on {device}, got one on {t.device}")
+        raise ValueError(f"{name}: expected a tensor on {device}, "
+                         f"got one on {t.device}")
     rows_ok = (row_stride_ok and t.dim() == 2 and (t.shape[1] <= 1 or t.stride(1) == 1)
                and t.stride(0) >= t.shape[1])
     if not (t.is_contiguous() or rows_ok):
         what = "rows with unit stride" if row_stride_ok else "a contiguous tensor"
         raise ValueError(f"{name}: expected {what}, got strides {t.stride()}")
     if not INTERPRETED and _COMPILE_ONLY_SMS is None and t.device.type != "cuda":
-        raise ValueError(f"{name}: expected a CUDA tensor (Triton is compiling for the GPU), "
-                         f"got one on {t.device}")
+        raise ValueError(f"{name}: expected a CUDA tensor (Triton is compiling for the "
+                         f"GPU), got one on {t.device}")
 
-
+# %% ../book/07_kernels.ipynb #94ee210c
 def _check_rank(name, t, rank, what):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if t.dim() != rank:
-        raise ValueError(f"{name}: expected a {rank}-d tensor {what}, got shape {list(t.shape)}")
+        raise ValueError(f"{name}: expected a {rank}-d tensor {what}, "
+                         f"got shape {list(t.shape)}")
 
 
 def _check_block_size(block_size):
     ok = (isinstance(block_size, (tuple, list)) and len(block_size) == 2
-          and all(isinstance(b, int) and not isinstance(b, bool) and b >= 16 and b & (b - 1) == 0
-                  for b in block_size))
+          and all(isinstance(b, int) and not isinstance(b, bool) and b >= 16
+                  and b & (b - 1) == 0 for b in block_size))
     if not ok:
-        raise ValueError("block_size: expected a pair of powers of two >= 16 such as (128, 128), "
-                         f"got {block_size!r}")
+        raise ValueError("block_size: expected a pair of powers of two >= 16 such as "
+                         f"(128, 128), got {block_size!r}")
     return tuple(block_size)
 
 
 def _check_out(name, out, dtype, shape, device):
-    "An optional output buffer: None, or a contiguous tensor of exactly this dtype and shape."
+    "An optional output buffer: None, or a contiguous tensor of this dtype and shape."
     if out is not None:
         _check_tensor(name, out, dtype, shape, device)
     return out
@@ -147,28 +152,29 @@ def _check_out(name, out, dtype, shape, device):
 def _scale_shape(n, k, block=128):
     return (math.ceil(n / block), math.ceil(k / block))
 
-
+# %% ../book/07_kernels.ipynb #05fa6a30
 def _check_offsets(name, what, *extents):
-    """The kernels compute element offsets in 32-bit integers: refuse any tensor extent (largest
-    offset + 1, in elements) of 2^31 or more, before anything is launched."""
+    """The kernels compute element offsets in 32-bit integers: refuse any tensor extent
+    (largest offset + 1, in elements) of 2^31 or more, before anything is launched."""
     if max(extents) >= 2**31:
         raise ValueError(f"{name}: {what} exceeds the kernels' 32-bit element offsets "
                          f"({max(extents):,} >= 2^31 elements); split M into chunks")
 
 
 def _byte_range(t):
-    "The [first, last) byte addresses a tensor's elements span ((0, 0) when it is empty)."
+    "The [first, last) byte addresses a tensor's elements span ((0, 0) when empty)."
     if t.numel() == 0:
         return 0, 0
     span = sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1
     return t.data_ptr(), t.data_ptr() + span * t.element_size()
 
-
+# %% ../book/07_kernels.ipynb #ecf88cea
 def _check_no_overlap(outs, ins, alias_ok=()):
-    """Refuse an output buffer whose memory overlaps an input's or another output's: programs
-    read and write in parallel, so a partial overlap corrupts rows without a word. `outs`, `ins`:
-    (name, tensor or None) pairs; `alias_ok`: (out name, input name) pairs that may be the very
-    same tensor (same address, dtype, shape and strides), such as an in-place residual add."""
+    """Refuse an output buffer whose memory overlaps an input's or another output's:
+    programs read and write in parallel, so a partial overlap corrupts rows without a
+    word. `outs`, `ins`: (name, tensor or None) pairs; `alias_ok`: (out name, input
+    name) pairs that may be the very same tensor (same address, dtype, shape and
+    strides), such as an in-place residual add."""
     outs = [(n, t) for n, t in outs if t is not None]
     for i, (name, out) in enumerate(outs):
         lo, hi = _byte_range(out)
@@ -181,8 +187,9 @@ def _check_no_overlap(outs, ins, alias_ok=()):
             if same and (name, other) in alias_ok:
                 continue
             hint = f", or {name}={other} itself" if (name, other) in alias_ok else ""
-            raise ValueError(f"{name}: overlaps {other} in memory (bytes {lo:#x}..{hi:#x} "
-                             f"against {t_lo:#x}..{t_hi:#x}); pass a separate buffer{hint}")
+            raise ValueError(f"{name}: overlaps {other} in memory (bytes "
+                             f"{lo:#x}..{hi:#x} against {t_lo:#x}..{t_hi:#x}); pass a "
+                             f"separate buffer{hint}")
 
 # %% ../book/07_kernels.ipynb #99a7dcae
 @triton.jit
@@ -285,7 +292,7 @@ def _check_group_size(group_size):
         raise ValueError(f"group_size: expected a power of two >= 16 such as 128, "
                          f"got {group_size!r}")
 
-
+# %% ../book/07_kernels.ipynb #ae4e2630
 def act_quant(x: torch.Tensor, group_size: int = 128, *,
               out: torch.Tensor | None = None, scale_out: torch.Tensor | None = None):
     """Per-token, per-group e4m3 quantization in one launch: `quantize_activation` for
@@ -353,6 +360,22 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, q_ptr, s_ptr, n_ptr, D, stride_x, d_floa
     g = tl.arange(0, N_GROUPS)
     tl.store(s_ptr + row * tl.cdiv(D, GROUP) + g, scale, mask=g * GROUP < D)
 
+# %% ../book/07_kernels.ipynb #3e7f2160
+def _check_rmsnorm_inputs(h, weight, eps, group_size):
+    "rmsnorm_quant's inputs: [M, d] bf16 rows, a [d] gain, eps >= 0. Returns (M, d)."
+    _check_rank("h", h, 2, "[M, d]")
+    _check_tensor("h", h, torch.bfloat16, row_stride_ok=True)
+    m, d = h.shape
+    if d == 0:
+        raise ValueError(f"h: expected a non-empty hidden dimension, got shape "
+                         f"{list(h.shape)}")
+    _check_rank("weight", weight, 1, "[d]")
+    _check_tensor("weight", weight, (torch.bfloat16, torch.float32), (d,), h.device)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise ValueError(f"eps: expected a number >= 0, got {eps!r}")
+    _check_group_size(group_size)
+    return m, d
+
 # %% ../book/07_kernels.ipynb #e5540633
 def rmsnorm_quant(h: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                   group_size: int = 128, *, out: torch.Tensor | None = None,
@@ -369,17 +392,7 @@ def rmsnorm_quant(h: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     `normed_out`: optional [M, d] buffer (dtype of `weight * h`) that receives the
     normalized x the kernel quantized (a debugging window).
     """
-    _check_rank("h", h, 2, "[M, d]")
-    _check_tensor("h", h, torch.bfloat16, row_stride_ok=True)
-    m, d = h.shape
-    if d == 0:
-        raise ValueError(f"h: expected a non-empty hidden dimension, got shape "
-                         f"{list(h.shape)}")
-    _check_rank("weight", weight, 1, "[d]")
-    _check_tensor("weight", weight, (torch.bfloat16, torch.float32), (d,), h.device)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"eps: expected a number >= 0, got {eps!r}")
-    _check_group_size(group_size)
+    m, d = _check_rmsnorm_inputs(h, weight, eps, group_size)
     groups = math.ceil(d / group_size)
     out = _check_out("out", out, FP8_DTYPE, (m, d), h.device)
     scale_out = _check_out("scale_out", scale_out, torch.float32, (m, groups), h.device)
@@ -436,12 +449,12 @@ def _dot_step(a, w, EXACT_DOT: tl.constexpr):
     else:
         return tl.dot(a, w)
 
-
+# %% ../book/07_kernels.ipynb #f8eebad5
 @triton.jit
 def _epilogue(acc, r_ptr, c_ptr, offs, mask, HAS_RESIDUAL: tl.constexpr,
               ROUND_BF16: tl.constexpr, NATIVE: tl.constexpr):
     """Round the fp32 result to the output dtype, then (optionally) add the residual and
-    round again: the two roundings of the unfused `residual + linear(h)` in bf16."""
+    round again: the two roundings of the unfused `residual + linear(p)` in bf16."""
     out = acc
     if ROUND_BF16:
         out = _to_bf16(out, NATIVE)
@@ -642,7 +655,7 @@ def _best_split(tiles, k_steps, num_sms, partial, step_bytes, weight_bytes, budg
     ok.insert(0, 1)
     return min(ok, key=lambda s: (cost(s), s))
 
-
+# %% ../book/07_kernels.ipynb #4062c858
 def _check_plan_args(kind, m, n, k, num_sms, split_k):
     if kind not in ("gemm", "down", "gate_up"):
         raise ValueError(f"kind: expected 'gemm', 'down' or 'gate_up', got {kind!r}")
@@ -708,7 +721,7 @@ def device_sms(device: torch.device) -> int:
         return _COMPILE_ONLY_SMS
     return _cuda_sms(device.index) if device.type == "cuda" else 1
 
-
+# %% ../book/07_kernels.ipynb #bc6d3805
 @functools.lru_cache(maxsize=None)
 def _tuned_tiles(index):
     "The measured tile table of CUDA device `index` (appendix E), or None."
@@ -761,7 +774,7 @@ def _check_fp8_operands(a_name, a, s_name, a_s, w_name, w, ws_name, w_s):
                    m * max(a.stride(0), k), m * n, n * k)
     return m, n, k
 
-
+# %% ../book/07_kernels.ipynb #939266d1
 def _tma_ok(*tensors) -> bool:
     "Whether TMA can read these 2-d tensors: unit stride along K, 16-byte aligned rows."
     return all(t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0
@@ -848,18 +861,18 @@ def _swiglu(g, u):
 
 
 @triton.jit
-def _swiglu_quant_store(acc_g, acc_u, q_ptr, q_s_ptr, h_ptr, rm, rn, m_ok, n_ok, F,
-                        group, fp8_max, amax_eps, WRITE_H: tl.constexpr,
+def _swiglu_quant_store(acc_g, acc_u, q_ptr, q_s_ptr, p_ptr, rm, rn, m_ok, n_ok, F,
+                        group, fp8_max, amax_eps, WRITE_P: tl.constexpr,
                         NATIVE: tl.constexpr):
     """acc_g, acc_u: [BM, 128] fp32 sums of gate and up for tokens rm, features rn (the
-    quantization group `group`) -> h = silu(g) * u quantized 1 x 128: stores the codes
-    q, the scales q_s and (WRITE_H) h itself."""
+    quantization group `group`) -> p = silu(g) * u quantized 1 x 128: stores the codes
+    q, the scales q_s and (WRITE_P) p itself."""
     mask = m_ok[:, None] & n_ok[None, :]
-    h = tl.where(mask, _swiglu(acc_g, acc_u), 0.0)     # a partial group: real columns
+    p = tl.where(mask, _swiglu(acc_g, acc_u), 0.0)     # a partial group: real columns
     offs = rm[:, None] * F + rn[None, :]
-    if WRITE_H:
-        tl.store(h_ptr + offs, h, mask=mask)
-    codes, scale = _quantize_groups(h, fp8_max, amax_eps, NATIVE)
+    if WRITE_P:
+        tl.store(p_ptr + offs, p, mask=mask)
+    codes, scale = _quantize_groups(p, fp8_max, amax_eps, NATIVE)
     tl.store(q_ptr + offs, codes, mask=mask)
     tl.store(q_s_ptr + rm * tl.cdiv(F, 128) + group, scale, mask=m_ok)
 
@@ -875,17 +888,17 @@ def _as_rows(acc, SWAP: tl.constexpr):
 # %% ../book/07_kernels.ipynb #7b0f55c3
 @triton.jit
 def _gate_up_swiglu_quant_kernel(x_ptr, x_s_ptr, g_ptr, g_s_ptr, u_ptr, u_s_ptr, q_ptr,
-                                 q_s_ptr, p_ptr, h_ptr, M, F, K, stride_x, splits,
+                                 q_s_ptr, ws_ptr, p_ptr, M, F, K, stride_x, splits,
                                  fp8_max, amax_eps, BLOCK_M: tl.constexpr,
                                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                  GROUP_M: tl.constexpr, SWAP: tl.constexpr,
                                  TMA_A: tl.constexpr, TMA_W: tl.constexpr,
-                                 SPLIT: tl.constexpr, WRITE_H: tl.constexpr,
+                                 SPLIT: tl.constexpr, WRITE_P: tl.constexpr,
                                  EXACT_DOT: tl.constexpr, NATIVE: tl.constexpr):
-    """h = silu(x @ gate^T) * (x @ up^T) quantized 1 x 128, a BLOCK_M x 128 tile (whole
+    """p = silu(x @ gate^T) * (x @ up^T) quantized 1 x 128, a BLOCK_M x 128 tile (whole
     groups) per program, grid and operands as `_fp8_gemm_kernel` (gate, up: [F, K]);
-    q: [M, F] uint8 (e4m3 bits), q_s: [M, ceil(F/128)] fp32, h (WRITE_H): [M, F] fp32.
-    SPLIT: only store the fp32 sums of g and u in p [splits, 2, M, F]."""
+    q: [M, F] uint8 (e4m3 bits), q_s: [M, ceil(F/128)] fp32, p (WRITE_P): [M, F] fp32.
+    SPLIT: only store the fp32 sums of g and u in ws [splits, 2, M, F]."""
     pid_m, pid_n = _tile_ids(tl.program_id(0), M, F, BLOCK_M, BLOCK_N, GROUP_M)
     off_m, off_n = pid_m * BLOCK_M, pid_n * BLOCK_N
     rm, rn = off_m + tl.arange(0, BLOCK_M), off_n + tl.arange(0, BLOCK_N)
@@ -905,21 +918,21 @@ def _gate_up_swiglu_quant_kernel(x_ptr, x_s_ptr, g_ptr, g_s_ptr, u_ptr, u_s_ptr,
         acc_u += _scaled(_mma(x, wu, SWAP, EXACT_DOT), x_s, u_s, SWAP)
     if SPLIT:
         offs, mask = _acc_offsets(rm, rn, m_ok, n_ok, F, SWAP)
-        tl.store(p_ptr + tl.program_id(1) * 2 * M * F + offs, acc_g, mask=mask)
-        tl.store(p_ptr + (tl.program_id(1) * 2 + 1) * M * F + offs, acc_u, mask=mask)
+        tl.store(ws_ptr + tl.program_id(1) * 2 * M * F + offs, acc_g, mask=mask)
+        tl.store(ws_ptr + (tl.program_id(1) * 2 + 1) * M * F + offs, acc_u, mask=mask)
     else:
         _swiglu_quant_store(_as_rows(acc_g, SWAP), _as_rows(acc_u, SWAP), q_ptr,
-                            q_s_ptr, h_ptr, rm, rn, m_ok, n_ok, F, pid_n, fp8_max,
-                            amax_eps, WRITE_H, NATIVE)
+                            q_s_ptr, p_ptr, rm, rn, m_ok, n_ok, F, pid_n, fp8_max,
+                            amax_eps, WRITE_P, NATIVE)
 
 # %% ../book/07_kernels.ipynb #3e9f61aa
 @triton.jit
-def _swiglu_quant_reduce_kernel(p_ptr, q_ptr, q_s_ptr, h_ptr, M, F, splits, fp8_max,
+def _swiglu_quant_reduce_kernel(ws_ptr, q_ptr, q_s_ptr, p_ptr, M, F, splits, fp8_max,
                                 amax_eps, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
-                                WRITE_H: tl.constexpr, NATIVE: tl.constexpr):
+                                WRITE_P: tl.constexpr, NATIVE: tl.constexpr):
     """Program (i, g): tokens [i*BLOCK_M, (i+1)*BLOCK_M), quantization group g. Sums the
-    split-K partials p [splits, 2, M, F] fp32 (gate, up) in slice order, deterministic,
-    then the fused kernel's epilogue: h = silu(g) * u, quantized 1 x 128 (with one
+    split-K partials ws [splits, 2, M, F] fp32 (gate, up) in slice order, deterministic,
+    then the fused kernel's epilogue: p = silu(g) * u, quantized 1 x 128 (with one
     slice, the fused kernel's bits)."""
     g = tl.program_id(1)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -927,16 +940,16 @@ def _swiglu_quant_reduce_kernel(p_ptr, q_ptr, q_s_ptr, h_ptr, M, F, splits, fp8_
     m_ok, n_ok = rm < M, rn < F
     offs = rm[:, None] * F + rn[None, :]
     mask = m_ok[:, None] & n_ok[None, :]
-    acc_g = tl.load(p_ptr + offs, mask=mask, other=0.0)
-    acc_u = tl.load(p_ptr + M * F + offs, mask=mask, other=0.0)
+    acc_g = tl.load(ws_ptr + offs, mask=mask, other=0.0)
+    acc_u = tl.load(ws_ptr + M * F + offs, mask=mask, other=0.0)
     for s in range(1, splits):
-        acc_g += tl.load(p_ptr + s * 2 * M * F + offs, mask=mask, other=0.0)
-        acc_u += tl.load(p_ptr + (s * 2 + 1) * M * F + offs, mask=mask, other=0.0)
-    _swiglu_quant_store(acc_g, acc_u, q_ptr, q_s_ptr, h_ptr, rm, rn, m_ok, n_ok, F, g,
-                        fp8_max, amax_eps, WRITE_H, NATIVE)
+        acc_g += tl.load(ws_ptr + s * 2 * M * F + offs, mask=mask, other=0.0)
+        acc_u += tl.load(ws_ptr + (s * 2 + 1) * M * F + offs, mask=mask, other=0.0)
+    _swiglu_quant_store(acc_g, acc_u, q_ptr, q_s_ptr, p_ptr, rm, rn, m_ok, n_ok, F, g,
+                        fp8_max, amax_eps, WRITE_P, NATIVE)
 
 # %% ../book/07_kernels.ipynb #4186d3a7
-def _launch_gate_up(x, x_s, gate, gate_scale, up, up_scale, codes, scale_out, h_out,
+def _launch_gate_up(x, x_s, gate, gate_scale, up, up_scale, codes, scale_out, p_out,
                     plan, ws=None, force_reduce=False):
     """Launch gate/up per `plan` on validated tensors (gate, up: weights or descriptors,
     `_weight_operands`; codes: a uint8 view of the e4m3 output), and the reduction when
@@ -945,42 +958,28 @@ def _launch_gate_up(x, x_s, gate, gate_scale, up, up_scale, codes, scale_out, h_
     m, k = x.shape
     f, split = codes.shape[1], plan["split_k"]
     x_op, tma_a = _act_operand(x, plan)
-    h = h_out if h_out is not None else scale_out      # a placeholder when unused
-    write_h, tma_w = h_out is not None, isinstance(gate, TensorDescriptor)
+    p = p_out if p_out is not None else scale_out      # a placeholder when unused
+    write_p, tma_w = p_out is not None, isinstance(gate, TensorDescriptor)
     if split == 1 and not force_reduce:
         _gate_up_swiglu_quant_kernel[(plan["tiles"], 1)](
-            x_op, x_s, gate, gate_scale, up, up_scale, codes, scale_out, scale_out, h,
+            x_op, x_s, gate, gate_scale, up, up_scale, codes, scale_out, scale_out, p,
             m, f, k, x.stride(0), 1, FP8_MAX, ACT_AMAX_EPS, SPLIT=False,
-            WRITE_H=write_h, NATIVE=NATIVE, TMA_A=tma_a, TMA_W=tma_w, **plan["meta"])
+            WRITE_P=write_p, NATIVE=NATIVE, TMA_A=tma_a, TMA_W=tma_w, **plan["meta"])
         return
     if ws is None:
         ws = torch.empty(split, 2, m, f, dtype=torch.float32, device=codes.device)
     _gate_up_swiglu_quant_kernel[(plan["tiles"], split)](
-        x_op, x_s, gate, gate_scale, up, up_scale, codes, scale_out, ws, h, m, f, k,
-        x.stride(0), split, FP8_MAX, ACT_AMAX_EPS, SPLIT=True, WRITE_H=write_h,
+        x_op, x_s, gate, gate_scale, up, up_scale, codes, scale_out, ws, p, m, f, k,
+        x.stride(0), split, FP8_MAX, ACT_AMAX_EPS, SPLIT=True, WRITE_P=write_p,
         NATIVE=NATIVE, TMA_A=tma_a, TMA_W=tma_w, **plan["meta"])
     _swiglu_quant_reduce_kernel[(-(-m // 16), -(-f // QUANT_BLOCK))](
-        ws, codes, scale_out, h, m, f, split, FP8_MAX, ACT_AMAX_EPS, BLOCK_M=16,
-        GROUP=QUANT_BLOCK, WRITE_H=write_h, NATIVE=NATIVE, num_warps=4)
+        ws, codes, scale_out, p, m, f, split, FP8_MAX, ACT_AMAX_EPS, BLOCK_M=16,
+        GROUP=QUANT_BLOCK, WRITE_P=write_p, NATIVE=NATIVE, num_warps=4)
 
-# %% ../book/07_kernels.ipynb #6b3f2d90
-def fp8_gate_up_swiglu_quant(x_fp8: torch.Tensor, x_scale: torch.Tensor,
-                             gate_w: torch.Tensor, gate_scale: torch.Tensor,
-                             up_w: torch.Tensor, up_scale: torch.Tensor, *,
-                             out: torch.Tensor | None = None,
-                             scale_out: torch.Tensor | None = None,
-                             h_out: torch.Tensor | None = None,
-                             split_k: int | None = None, num_sms: int | None = None):
-    """Fused `gate_proj`, `up_proj`, SwiGLU and the down projection's quantization.
-
-    x_fp8: [M, d] e4m3 with x_scale [M, ceil(d/128)] fp32 (from `rmsnorm_quant`);
-    gate_w, up_w: [F, d] e4m3 with gate_scale, up_scale [ceil(F/128), ceil(d/128)] fp32
-    (`weight_scale_inv`). Returns `(h_fp8 [M, F] e4m3, h_scale [M, ceil(F/128)] fp32)`:
-    the GEMMs accumulate in fp32 as in `fp8_gemm`, h = silu(g) * u is quantized per
-    1 x 128 group before it leaves the kernel, never written in bf16. `out`,
-    `scale_out`: optional results; `h_out`: optional [M, F] fp32 buffer for h itself
-    (`quantize_activation(h_out)` equals the results bit for bit). `split_k`, `num_sms`
-    as in `fp8_gemm`; with slices, `_swiglu_quant_reduce_kernel` sums them in order."""
+# %% ../book/07_kernels.ipynb #ec42b55d
+def _check_gate_up_args(x_fp8, x_scale, gate_w, gate_scale, up_w, up_scale, out,
+                        scale_out, p_out, split_k):
+    "fp8_gate_up_swiglu_quant's arguments. Returns (M, F, d, out, scale_out)."
     m, f, k = _check_fp8_operands("x_fp8", x_fp8, "x_scale", x_scale,
                                   "gate_w", gate_w, "gate_scale", gate_scale)
     _check_rank("up_w", up_w, 2, "[F, d]")
@@ -990,11 +989,35 @@ def fp8_gate_up_swiglu_quant(x_fp8: torch.Tensor, x_scale: torch.Tensor,
     groups, dev = math.ceil(f / QUANT_BLOCK), x_fp8.device
     out = _check_out("out", out, FP8_DTYPE, (m, f), dev)
     scale_out = _check_out("scale_out", scale_out, torch.float32, (m, groups), dev)
-    _check_out("h_out", h_out, torch.float32, (m, f), dev)
-    _check_no_overlap([("out", out), ("scale_out", scale_out), ("h_out", h_out)],
+    _check_out("p_out", p_out, torch.float32, (m, f), dev)
+    _check_no_overlap([("out", out), ("scale_out", scale_out), ("p_out", p_out)],
                       [("x_fp8", x_fp8), ("x_scale", x_scale), ("gate_w", gate_w),
                        ("gate_scale", gate_scale), ("up_w", up_w),
                        ("up_scale", up_scale)])
+    return m, f, k, out, scale_out
+
+# %% ../book/07_kernels.ipynb #6b3f2d90
+def fp8_gate_up_swiglu_quant(x_fp8: torch.Tensor, x_scale: torch.Tensor,
+                             gate_w: torch.Tensor, gate_scale: torch.Tensor,
+                             up_w: torch.Tensor, up_scale: torch.Tensor, *,
+                             out: torch.Tensor | None = None,
+                             scale_out: torch.Tensor | None = None,
+                             p_out: torch.Tensor | None = None,
+                             split_k: int | None = None, num_sms: int | None = None):
+    """Fused `gate_proj`, `up_proj`, SwiGLU and the down projection's quantization.
+
+    x_fp8: [M, d] e4m3 with x_scale [M, ceil(d/128)] fp32 (from `rmsnorm_quant`);
+    gate_w, up_w: [F, d] e4m3 with gate_scale, up_scale [ceil(F/128), ceil(d/128)] fp32
+    (`weight_scale_inv`). Returns `(p_fp8 [M, F] e4m3, p_scale [M, ceil(F/128)] fp32)`:
+    the GEMMs accumulate in fp32 as in `fp8_gemm`, p = silu(g) * u is quantized per
+    1 x 128 group before it leaves the kernel, never written in bf16. `out`,
+    `scale_out`: optional results; `p_out`: optional [M, F] fp32 buffer for p itself
+    (`quantize_activation(p_out)` equals the results bit for bit). `split_k`, `num_sms`
+    as in `fp8_gemm`; with slices, `_swiglu_quant_reduce_kernel` sums them in order."""
+    m, f, k, out, scale_out = _check_gate_up_args(
+        x_fp8, x_scale, gate_w, gate_scale, up_w, up_scale, out, scale_out, p_out,
+        split_k)
+    groups, dev = math.ceil(f / QUANT_BLOCK), x_fp8.device
     out = torch.empty(m, f, dtype=FP8_DTYPE, device=dev) if out is None else out
     if scale_out is None:
         scale_out = torch.empty(m, groups, dtype=torch.float32, device=dev)
@@ -1002,38 +1025,38 @@ def fp8_gate_up_swiglu_quant(x_fp8: torch.Tensor, x_scale: torch.Tensor,
         plan = _plan_for("gate_up", m, f, k, dev, split_k, num_sms)
         gate, up = _weight_operands(gate_w, up_w)
         _launch_gate_up(x_fp8, x_scale, gate, gate_scale, up, up_scale,
-                        out.view(torch.uint8), scale_out, h_out, plan)
+                        out.view(torch.uint8), scale_out, p_out, plan)
     return out, scale_out
 
 # %% ../book/07_kernels.ipynb #44b44d95
-def fp8_down_residual(h_fp8: torch.Tensor, h_scale: torch.Tensor, down_w: torch.Tensor,
+def fp8_down_residual(p_fp8: torch.Tensor, p_scale: torch.Tensor, down_w: torch.Tensor,
                       down_scale: torch.Tensor, residual: torch.Tensor, *,
                       out: torch.Tensor | None = None, split_k: int | None = None,
                       num_sms: int | None = None) -> torch.Tensor:
-    """`residual + down_proj(h)`: `fp8_gemm` with the residual add in its epilogue.
+    """`residual + down_proj(p)`: `fp8_gemm` with the residual add in its epilogue.
 
-    h_fp8: [M, F] e4m3 with h_scale [M, ceil(F/128)] fp32 (from
+    p_fp8: [M, F] e4m3 with p_scale [M, ceil(F/128)] fp32 (from
     `fp8_gate_up_swiglu_quant`); down_w: [d, F] e4m3 with down_scale [ceil(d/128),
     ceil(F/128)] fp32; residual: [M, d] bf16 (or fp32). Returns [M, d] in residual's
     dtype, rounded as the unfused code rounds: the GEMM's fp32 sum to bf16, then
     `residual + that` to bf16. `out` may be `residual` itself (in place) or a buffer
     that overlaps no input; `split_k`, `num_sms` as in `fp8_gemm`.
     """
-    m, d, f = _check_fp8_operands("h_fp8", h_fp8, "h_scale", h_scale,
+    m, d, f = _check_fp8_operands("p_fp8", p_fp8, "p_scale", p_scale,
                                   "down_w", down_w, "down_scale", down_scale)
     _check_rank("residual", residual, 2, "[M, d]")
     _check_tensor("residual", residual, (torch.bfloat16, torch.float32), (m, d),
-                  h_fp8.device)
+                  p_fp8.device)
     _check_split_k(split_k)
-    out = _check_out("out", out, residual.dtype, (m, d), h_fp8.device)
-    _check_no_overlap([("out", out)], [("residual", residual), ("h_fp8", h_fp8),
-                                       ("h_scale", h_scale), ("down_w", down_w),
+    out = _check_out("out", out, residual.dtype, (m, d), p_fp8.device)
+    _check_no_overlap([("out", out)], [("residual", residual), ("p_fp8", p_fp8),
+                                       ("p_scale", p_scale), ("down_w", down_w),
                                        ("down_scale", down_scale)],
                       alias_ok={("out", "residual")})
     if out is None:
         out = torch.empty_like(residual)
     if m == 0 or d == 0:
         return out
-    plan = _plan_for("down", m, d, f, h_fp8.device, split_k, num_sms)
+    plan = _plan_for("down", m, d, f, p_fp8.device, split_k, num_sms)
     (w,) = _weight_operands(down_w)
-    return _launch_gemm(h_fp8, h_scale, w, down_scale, out, residual, plan)
+    return _launch_gemm(p_fp8, p_scale, w, down_scale, out, residual, plan)

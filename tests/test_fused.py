@@ -88,16 +88,16 @@ def test_order_free_launches_are_bitwise(blocks, shape, m):
     normed = torch.empty(m, d, dtype=torch.bfloat16)
     with torch.no_grad(), poisoned_allocations():
         x_fp8, x_s = kernels.rmsnorm_quant(h, norm.weight, norm.eps, normed_out=normed)
-        h_out = torch.empty(m, f)
+        p_out = torch.empty(m, f)
         a_fp8, a_s = kernels.fp8_gate_up_swiglu_quant(
             x_fp8, x_s, mlp.gate_proj.weight, mlp.gate_proj.weight_scale_inv,
-            mlp.up_proj.weight, mlp.up_proj.weight_scale_inv, h_out=h_out)
+            mlp.up_proj.weight, mlp.up_proj.weight_scale_inv, p_out=p_out)
         out = kernels.fp8_down_residual(a_fp8, a_s, mlp.down_proj.weight,
                                         mlp.down_proj.weight_scale_inv, h)
     bits = lambda t: t.view(torch.uint8)
     q, s = quantize_activation(normed)
     assert torch.equal(bits(x_fp8), bits(q)) and torch.equal(x_s, s)
-    q, s = quantize_activation(h_out)
+    q, s = quantize_activation(p_out)
     assert torch.equal(bits(a_fp8), bits(q)) and torch.equal(a_s, s)
     if kernels.INTERPRETED:
         ref = h + fp8_matmul_blockwise(a_fp8, a_s, mlp.down_proj.weight,

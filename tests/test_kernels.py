@@ -386,15 +386,15 @@ def test_split_k_is_deterministic_and_within_the_association_bound(m, n, k, spli
                                             (33, 320, 200, 1), (16, 704, 320, 3)])
 def test_down_residual_bitwise_or_within_the_bound(m, f, d, split):
     g = gen("down-bits", m, f, d)
-    h, h_s, w, w_s = blockwise_operands(g, m, d, f)
+    p, p_s, w, w_s = blockwise_operands(g, m, d, f)
     residual = torch.randn(m, d, generator=g).to(torch.bfloat16)
-    out = K.fp8_down_residual(h, h_s, w, w_s, residual, split_k=split,
+    out = K.fp8_down_residual(p, p_s, w, w_s, residual, split_k=split,
                               out=nan_like((m, d), torch.bfloat16))
-    mlp = fp8_matmul_blockwise(h, h_s, w, w_s).to(torch.bfloat16)
+    mlp = fp8_matmul_blockwise(p, p_s, w, w_s).to(torch.bfloat16)
     if split == 1:                                   # the unfused two bf16 roundings
         assert torch.equal(out, residual + mlp)
         return
-    terms = step_terms(h, h_s, w, w_s)
+    terms = step_terms(p, p_s, w, w_s)
     mlp64, assoc = terms.double().sum(0), assoc_bound(terms)
     # the fp32 sum, then two bf16 roundings of at most half an ulp (2^-8 relative): of
     # the GEMM's sum, and of residual + that (judged by the result itself)
@@ -411,32 +411,32 @@ def test_gate_up_swiglu_quant(m, d, f):
     (gw, gs), (uw, us) = weight(g, f, d), weight(g, f, d)
     x_fp8, x_s = quantize_activation(x)
     out, scale_out = poisoned_quant_outputs(m, f)
-    h_out = nan_like((m, f), torch.float32)
+    p_out = nan_like((m, f), torch.float32)
     q, s = K.fp8_gate_up_swiglu_quant(*dev(x_fp8, x_s, gw, gs, uw, us), out=out, scale_out=scale_out,
-                                      h_out=h_out)
+                                      p_out=p_out)
     assert q is out and s is scale_out
-    q, s, h_out = q.cpu(), s.cpu(), h_out.cpu()
-    # the epilogue's quantizer is the torch quantizer, bit for bit, on the kernel's own h
-    ref_q, ref_s = quantize_activation(h_out)
+    q, s, p_out = q.cpu(), s.cpu(), p_out.cpu()
+    # the epilogue's quantizer is the torch quantizer, bit for bit, on the kernel's own p
+    ref_q, ref_s = quantize_activation(p_out)
     assert torch.equal(bits(q), bits(ref_q)) and torch.equal(s, ref_s)
-    # the kernel's h is the w8a8 reference's h, up to SiLU's exp (see H_TOL)
+    # the kernel's p is the w8a8 reference's p, up to SiLU's exp (see H_TOL)
     gate = fp8_linear_w8a8(x, gw, gs, out_dtype=torch.float32)
     up = fp8_linear_w8a8(x, uw, us, out_dtype=torch.float32)
-    h_ref = torch.nn.functional.silu(gate) * up
-    assert rel_err(h_out, h_ref) <= H_TOL
+    p_ref = torch.nn.functional.silu(gate) * up
+    assert rel_err(p_out, p_ref) <= H_TOL
     deq = q.float() * s.repeat_interleave(128, dim=1)[:, :f]
-    assert rel_err(deq, h_ref) <= 5e-2                 # e4m3 rounding of h: ~2^-5 relative RMS
+    assert rel_err(deq, p_ref) <= 5e-2                 # e4m3 rounding of p: ~2^-5 relative RMS
 
 
 def run_gate_up(x, x_s, gw, gs, uw, us, **kw):
-    "The gated kernel into poisoned buffers, h_out included: (codes, scales, h)."
+    "The gated kernel into poisoned buffers, p_out included: (codes, scales, p)."
     m, f = x.shape[0], gw.shape[0]
     out, s_out = poisoned_quant_outputs(m, f)
-    h = nan_like((m, f), torch.float32)
+    p = nan_like((m, f), torch.float32)
     q, s = K.fp8_gate_up_swiglu_quant(x, x_s, gw, gs, uw, us, out=out, scale_out=s_out,
-                                      h_out=h, **kw)
+                                      p_out=p, **kw)
     assert q is out and s is s_out
-    return q, s, h
+    return q, s, p
 
 
 def gate_up_operands(m, d, f):
@@ -497,31 +497,31 @@ def test_gate_up_split_k_is_deterministic_and_within_the_bound(m, d, f, split):
                                               (16, 640, 200, 1), (33, 320, 256, 2), (128, 640, 384, 1)])
 def test_down_residual(m, f, d, split_k):
     g = gen("down", m, f, d, split_k)
-    h = randn(g, m, f)
+    p = randn(g, m, f)
     residual = randn(g, m, d, dtype=torch.bfloat16)
     dw, ds = weight(g, d, f)
-    h_fp8, h_s = quantize_activation(h)
+    p_fp8, p_s = quantize_activation(p)
     out = nan_like((m, d), torch.bfloat16)
-    got = K.fp8_down_residual(*dev(h_fp8, h_s, dw, ds, residual), out=out, split_k=split_k)
+    got = K.fp8_down_residual(*dev(p_fp8, p_s, dw, ds, residual), out=out, split_k=split_k)
     assert got is out
     got = got.cpu()
-    mlp = fp8_linear_w8a8(h, dw, ds, out_dtype=torch.bfloat16)
+    mlp = fp8_linear_w8a8(p, dw, ds, out_dtype=torch.bfloat16)
     assert rel_err(got, residual + mlp) <= 1e-2            # the unfused bf16 residual add
     if K.INTERPRETED and split_k == 1:      # exact step sums, the same two bf16 roundings
         assert torch.equal(got, residual + mlp)
     # the GEMM part alone (a zero residual adds nothing): w8a8 and w8a16 references
-    alone = K.fp8_down_residual(*dev(h_fp8, h_s, dw, ds, torch.zeros_like(residual)),
+    alone = K.fp8_down_residual(*dev(p_fp8, p_s, dw, ds, torch.zeros_like(residual)),
                                 out=nan_like((m, d), torch.bfloat16), split_k=split_k).cpu()
     assert rel_err(alone, mlp) <= 1e-2
-    assert deepgemm_diff(alone, fp8_linear_w8a16(h, dw, ds)) < 1e-3
+    assert deepgemm_diff(alone, fp8_linear_w8a16(p, dw, ds)) < 1e-3
 
 
 def test_down_residual_in_place():
     g = gen("inplace")
-    h_fp8, h_s, dw, ds, residual = dev(*quantize_activation(randn(g, 4, 320)), *weight(g, 256, 320),
+    p_fp8, p_s, dw, ds, residual = dev(*quantize_activation(randn(g, 4, 320)), *weight(g, 256, 320),
                                        randn(g, 4, 256, dtype=torch.bfloat16))
-    expected = K.fp8_down_residual(h_fp8, h_s, dw, ds, residual)
-    got = K.fp8_down_residual(h_fp8, h_s, dw, ds, residual, out=residual)
+    expected = K.fp8_down_residual(p_fp8, p_s, dw, ds, residual)
+    got = K.fp8_down_residual(p_fp8, p_s, dw, ds, residual, out=residual)
     assert got is residual and torch.equal(got, expected)
 
 
@@ -533,9 +533,9 @@ def test_three_kernels_make_the_ffn_half(m, d, f):
     gain = (torch.rand(d, generator=g) + 0.5).to(torch.bfloat16)
     (gw, gs), (uw, us), (dw, ds) = weight(g, f, d), weight(g, f, d), weight(g, d, f)
     x_fp8, x_s = K.rmsnorm_quant(*dev(hidden, gain), 1e-6)
-    h_fp8, h_s = K.fp8_gate_up_swiglu_quant(x_fp8, x_s, *dev(gw, gs, uw, us))
-    out = K.fp8_down_residual(h_fp8, h_s, *dev(dw, ds, hidden), out=nan_like((m, d), torch.bfloat16))
-    mlp = K.fp8_down_residual(h_fp8, h_s, *dev(dw, ds, torch.zeros_like(hidden)),
+    p_fp8, p_s = K.fp8_gate_up_swiglu_quant(x_fp8, x_s, *dev(gw, gs, uw, us))
+    out = K.fp8_down_residual(p_fp8, p_s, *dev(dw, ds, hidden), out=nan_like((m, d), torch.bfloat16))
+    mlp = K.fp8_down_residual(p_fp8, p_s, *dev(dw, ds, torch.zeros_like(hidden)),
                               out=nan_like((m, d), torch.bfloat16))
     out, mlp = out.cpu(), mlp.cpu()
     x = rms_norm(hidden, gain, 1e-6)
@@ -606,12 +606,12 @@ def test_other_wrappers_reject_bad_input():
         K.fp8_gate_up_swiglu_quant(x_fp8, x_s, w, s, w[:256].contiguous(), s[:2].contiguous())
     with pytest.raises(ValueError, match=r"up_scale: expected shape \[3, 2\], got \[2, 2\]"):
         K.fp8_gate_up_swiglu_quant(x_fp8, x_s, w, s, w, s[:2].contiguous())
-    with pytest.raises(ValueError, match=r"h_out: expected dtype torch.float32, got torch.bfloat16"):
-        K.fp8_gate_up_swiglu_quant(x_fp8, x_s, w, s, w, s, h_out=torch.empty(4, 320, dtype=torch.bfloat16, device=DEV))
-    h_fp8, h_s, dw, ds = dev(*quantize_activation(torch.randn(4, 320)),
+    with pytest.raises(ValueError, match=r"p_out: expected dtype torch.float32, got torch.bfloat16"):
+        K.fp8_gate_up_swiglu_quant(x_fp8, x_s, w, s, w, s, p_out=torch.empty(4, 320, dtype=torch.bfloat16, device=DEV))
+    p_fp8, p_s, dw, ds = dev(*quantize_activation(torch.randn(4, 320)),
                              *quantize_weight_blockwise(torch.randn(320, 320)))
     with pytest.raises(ValueError, match=r"residual: expected shape \[4, 320\], got \[4, 256\]"):
-        K.fp8_down_residual(h_fp8, h_s, dw, ds, h)
+        K.fp8_down_residual(p_fp8, p_s, dw, ds, h)
     with pytest.raises(ValueError, match=r"residual: expected dtype torch.bfloat16 or torch.float32"):
         K.fp8_down_residual(x_fp8, x_s, w, s, torch.zeros(4, 320, dtype=torch.float16, device=DEV))
     with pytest.raises(ValueError, match=r"block_size: expected a pair of powers of two"):
@@ -701,9 +701,9 @@ def test_gate_up_and_down_propagate_nonfinite(case):
     else:
         dw.view(torch.uint8)[100, 50] = 0x7F
     x_fp8, x_s = quantize_activation(x)
-    h_fp8, h_s = K.fp8_gate_up_swiglu_quant(*dev(x_fp8, x_s, gw, gs, uw, us))
+    p_fp8, p_s = K.fp8_gate_up_swiglu_quant(*dev(x_fp8, x_s, gw, gs, uw, us))
     residual = randn(g, m, d, dtype=torch.bfloat16)
-    out = K.fp8_down_residual(h_fp8, h_s, *dev(dw, ds, residual)).cpu()
+    out = K.fp8_down_residual(p_fp8, p_s, *dev(dw, ds, residual)).cpu()
     h_ref = torch.nn.functional.silu(fp8_linear_w8a8(x, gw, gs, out_dtype=torch.float32)) \
         * fp8_linear_w8a8(x, uw, us, out_dtype=torch.float32)
     ref = residual + fp8_linear_w8a8(h_ref, dw, ds, out_dtype=torch.bfloat16)
@@ -755,14 +755,14 @@ def test_native_conversions_keep_torchs_nan_codes():
 # ----------------------------------------------------- outputs that overlap inputs are refused
 def test_down_residual_refuses_partial_overlap_and_keeps_the_exact_alias():
     g = gen("overlap")
-    h_fp8, h_s, dw, ds = dev(*quantize_activation(randn(g, 66, 320)), *weight(g, 256, 320))
+    p_fp8, p_s, dw, ds = dev(*quantize_activation(randn(g, 66, 320)), *weight(g, 256, 320))
     buf = randn(g, 67, 256, dtype=torch.bfloat16).to(DEV)
     before = buf.clone()
     with pytest.raises(ValueError, match="out: overlaps residual"):
-        K.fp8_down_residual(h_fp8[:66], h_s[:66], dw, ds, buf[:66], out=buf[1:])
+        K.fp8_down_residual(p_fp8[:66], p_s[:66], dw, ds, buf[:66], out=buf[1:])
     assert torch.equal(buf, before)                          # refused before any write
-    expected = K.fp8_down_residual(h_fp8, h_s, dw, ds, buf[:66].clone())
-    got = K.fp8_down_residual(h_fp8, h_s, dw, ds, buf[:66], out=buf[:66])   # in place: allowed
+    expected = K.fp8_down_residual(p_fp8, p_s, dw, ds, buf[:66].clone())
+    got = K.fp8_down_residual(p_fp8, p_s, dw, ds, buf[:66], out=buf[:66])   # in place: allowed
     assert torch.equal(got, expected)
 
 
@@ -784,10 +784,10 @@ def test_outputs_may_not_overlap_inputs_or_each_other():
                    out=raw.view(torch.float32).view(4, 256))
     x_fp8, x_s = dev(*quantize_activation(randn(g, 2, 256)))
     raw = torch.empty(2 * 256 + 2, device=DEV)
-    h_out, s_bad = raw[:512].view(2, 256), raw[510:].view(2, 2)   # share two floats
-    with pytest.raises(ValueError, match="h_out: overlaps scale_out"):
+    p_out, s_bad = raw[:512].view(2, 256), raw[510:].view(2, 2)   # share two floats
+    with pytest.raises(ValueError, match="p_out: overlaps scale_out"):
         K.fp8_gate_up_swiglu_quant(x_fp8, x_s, w_fp8, w_s, w_fp8, w_s,
-                                   scale_out=s_bad, h_out=h_out)
+                                   scale_out=s_bad, p_out=p_out)
 
 
 # ----------------------------------------------------- 32-bit offsets: every wrapper, up front

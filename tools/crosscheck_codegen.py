@@ -44,7 +44,7 @@ BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
 D16 = [["tt.divisibility", 16]]
 
 GATE_UP = ["x_ptr", "x_s_ptr", "g_ptr", "g_s_ptr", "u_ptr", "u_s_ptr", "q_ptr",
-           "q_s_ptr", "p_ptr", "h_ptr", "M", "F", "K", "stride_x", "splits", "fp8_max",
+           "q_s_ptr", "ws_ptr", "p_ptr", "M", "F", "K", "stride_x", "splits", "fp8_max",
            "amax_eps"]
 GEMM = ["a_ptr", "a_s_ptr", "w_ptr", "w_s_ptr", "c_ptr", "r_ptr", "M", "N", "K",
         "stride_a", "splits"]
@@ -82,7 +82,7 @@ def case(kind, m, ones, div16):
             if key not in ("num_warps", "num_stages")}
     if kind == "gate_up":
         return ("_gate_up_swiglu_quant_kernel", m, GATE_UP, gate_up_types(plan), ones,
-                div16, dict(meta, WRITE_H=False, **flags),
+                div16, dict(meta, WRITE_P=False, **flags),
                 plan["num_warps"], plan["num_stages"])
     return ("_fp8_gemm_kernel", m, GEMM, gemm_types(plan), ones, div16,
             dict(meta, HAS_RESIDUAL=not split, ROUND_BF16=not split, **flags),
