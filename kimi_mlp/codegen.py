@@ -12,6 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from .measure import _parse_m   # --m 1,16,4096 (appendix C)
+
 #: The token counts the book inspects: decode (1 to 64), 64-row tiles, prefill.
 INSPECT_M = (1, 4, 16, 32, 64, 128, 1024, 4096)
 #: Triton's `GPUTarget` fields for Hopper: backend, compute capability 9.0, warp size.
@@ -249,9 +251,9 @@ def matrix_instructions(ptx: str) -> dict:
     ops = [{"opcode": op, "shape": _SHAPE.search(op).group(1),
             "a_type": _operand_type(op), "count": n}
            for op, n in sorted(counts.items())]
-    kinds = {op["opcode"].split(".")[0] for op in ops}
+    opcodes = {op["opcode"].split(".")[0] for op in ops}
     cvt = [i for i, line in enumerate(lines) if _FP8_TO_F16 in line]
-    return {"kind": "wgmma" if "wgmma" in kinds else "mma.sync" if kinds else None,
+    return {"kind": "wgmma" if "wgmma" in opcodes else "mma.sync" if opcodes else None,
             "ops": ops, "fp8_to_f16": len(cvt),
             "cvt_first": bool(cvt) and first is not None and cvt[0] < first,
             "wgmma_waits": sorted({int(n) for n in _WAIT.findall(ptx)}),
@@ -439,17 +441,6 @@ def format_table(report: dict) -> str:
     return "\n".join([head, line({c: c for c in cols}), *map(line, rows)])
 
 # %% ../book/appendix_d_codegen.ipynb #e503d398
-def _parse_m(text: str) -> tuple[int, ...]:
-    try:
-        ms = tuple(int(s) for s in text.split(","))
-    except ValueError:
-        ms = ()
-    if not ms or min(ms) < 1:
-        raise argparse.ArgumentTypeError("expected comma-separated positive ints "
-                                         f"such as 1,16,4096, got {text!r}")
-    return ms
-
-
 def main(argv=None) -> int:
     "`python -m kimi_mlp inspect [--m 1,16,4096] [--json FILE]`; the exit status."
     p = argparse.ArgumentParser(

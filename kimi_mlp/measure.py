@@ -670,15 +670,15 @@ def launches_stubbed():
     from triton.runtime import interpreter
     from triton.runtime.jit import JITFunction
     noop = lambda *args, **kwargs: None
-    kinds = [JITFunction, interpreter.InterpretedFunction]
-    saved = [kind.__getitem__ for kind in kinds]
-    for kind in kinds:
-        kind.__getitem__ = lambda self, grid: noop
+    launchers = [JITFunction, interpreter.InterpretedFunction]
+    saved = [cls.__getitem__ for cls in launchers]
+    for cls in launchers:
+        cls.__getitem__ = lambda self, grid: noop
     try:
         yield
     finally:
-        for kind, getitem in zip(kinds, saved):
-            kind.__getitem__ = getitem
+        for cls, getitem in zip(launchers, saved):
+            cls.__getitem__ = getitem
 
 
 def host_time_us(fn, plan_sms: int | None = None, number: int = 1000,

@@ -57,7 +57,7 @@ def as_path(value, name: str) -> Path:
     return path
 
 # %% ../book/appendix_a_safetensors.ipynb #b84aa1ad
-_KINDS = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)",
+_FILE_TYPES = {stat.S_IFDIR: "a directory", stat.S_IFIFO: "a FIFO (named pipe)",
           stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
           stat.S_IFSOCK: "a socket"}
 _OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -78,7 +78,7 @@ def open_regular_file(path, what: str = "file"):
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        kind = _KINDS.get(stat.S_IFMT(mode), "a special file")
+        kind = _FILE_TYPES.get(stat.S_IFMT(mode), "a special file")
         raise CheckpointError(f"{path}: expected the {what} to be a regular file, "
                               f"got {kind}")
     if _OPEN_FLAGS & getattr(os, "O_NONBLOCK", 0):

@@ -1,7 +1,7 @@
 """Appendix D: the kernels compile for Hopper (sm_90a) without a GPU; what must not
 regress.
 
-The compile runs once per test session: one test runs `python -m kimi_mlp inspect
+The compile runs once per pytest run: one test runs `python -m kimi_mlp inspect
 --json` (a process of its own with TRITON_INTERPRET=0) and checks its report.
 """
 import json
@@ -210,7 +210,7 @@ def _check_every_gemm_is_wgmma_without_spills(report):
 
 
 def test_the_fused_block_compiles_for_sm90a(tmp_path, record_property):
-    """`python -m kimi_mlp inspect --json FILE` at M in INSPECT_M, the session's one
+    """`python -m kimi_mlp inspect --json FILE` at M in INSPECT_M, the run's one
     compile (one test, so that no second xdist worker waits for it), then each check."""
     path = tmp_path / "codegen.json"
     cmd = [sys.executable, "-m", "kimi_mlp", "inspect", "--json", str(path)]

@@ -87,8 +87,8 @@ def test_run_notebook_keeps_outputs_and_stops_at_the_first_error(tmp_path):
     nb = json.loads((tmp_path / "out.ipynb").read_text())
     a, b, c, d = nb["cells"][1:]
     assert a["outputs"] == [{"name": "stdout", "output_type": "stream", "text": "x is 42\n"}]
-    kinds = [next(iter(o["data"])) for o in b["outputs"]]
-    assert kinds == ["text/markdown", "image/png"] and b["outputs"][0]["data"]["text/markdown"] \
+    mimes = [next(iter(o["data"])) for o in b["outputs"]]
+    assert mimes == ["text/markdown", "image/png"] and b["outputs"][0]["data"]["text/markdown"] \
         == "**bold**"
     assert c["outputs"][0]["output_type"] == "error" and c["execution_count"] == 3
     assert d["outputs"] == [] and d["execution_count"] is None

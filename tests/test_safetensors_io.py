@@ -30,7 +30,7 @@ def test_error_types():
         as_path("a\0b", "where")
 
 
-def test_open_regular_file_kinds(tmp_path):
+def test_open_regular_file_types(tmp_path):
     (tmp_path / "f").write_bytes(b"abc")
     with open_regular_file(tmp_path / "f") as f:
         assert f.read() == b"abc" and os.get_blocking(f.fileno())
