@@ -450,7 +450,7 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
 
 def compare_with_single_rank(rank_out: dict, ref: dict, world_size: int) -> dict:
     """A rank's results against the unsharded ones: `groups` (x and this rank's features
-    of a, codes and scales, bit for bit), `within` and `ratio` (|y_P - y_1| against
+    of p, codes and scales, bit for bit), `within` and `ratio` (|y_P - y_1| against
     `sharded_sum_bound` times sum_k |t_k|, element by element: the largest share of the
     bound), `out_same` (the share of block outputs identical) and `ok`."""
     f0, f1 = (int(v) for v in rank_out["features"])
