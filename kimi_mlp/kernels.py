@@ -483,6 +483,19 @@ def _k_slice(pid_k, splits, k_steps):
     "K steps [lo, hi) of slice pid_k of `splits`, balanced: sizes differ by 1 at most."
     return pid_k * k_steps // splits, (pid_k + 1) * k_steps // splits
 
+
+@triton.jit
+def _program_tile(M, N, K, splits, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """What a GEMM program works on (grid: tiles, splits): its weight tile pid_n, the
+    tile's first token and row, their indices and masks, and its K steps [lo, hi)."""
+    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    off_m, off_n = pid_m * BLOCK_M, pid_n * BLOCK_N
+    rm, rn = off_m + tl.arange(0, BLOCK_M), off_n + tl.arange(0, BLOCK_N)
+    k_steps = tl.cdiv(K, BLOCK_K)
+    lo, hi = _k_slice(tl.program_id(1), splits, k_steps)
+    return pid_n, off_m, off_n, rm, rn, rm < M, rn < N, k_steps, lo, hi
+
 # %% ../book/07_kernels.ipynb #4bd1c8e0
 @triton.jit
 def _load_act(a_ptr, a_s_ptr, stride_a, K, k_steps, rm, m_ok, off_m, step,
@@ -565,12 +578,8 @@ def _fp8_gemm_kernel(a_ptr, a_s_ptr, w_ptr, w_s_ptr, c_ptr, r_ptr, M, N, K, stri
     w_s: [ceil(N/128), ceil(K/128)] fp32 (a, w: TMA descriptors when TMA_A, TMA_W).
     SWAP: the accumulator is [BLOCK_N, BLOCK_M]. SPLIT: store the fp32 partial in c[s]
     of a [splits, M, N] workspace; else the epilogue (bf16, optional residual r)."""
-    pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    off_m, off_n = pid_m * BLOCK_M, pid_n * BLOCK_N
-    rm, rn = off_m + tl.arange(0, BLOCK_M), off_n + tl.arange(0, BLOCK_N)
-    m_ok, n_ok = rm < M, rn < N
-    k_steps = tl.cdiv(K, BLOCK_K)
-    lo, hi = _k_slice(tl.program_id(1), splits, k_steps)
+    _, off_m, off_n, rm, rn, m_ok, n_ok, k_steps, lo, hi = _program_tile(
+        M, N, K, splits, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     acc = _zero_acc(BLOCK_M, BLOCK_N, SWAP)
     for step in range(lo, hi):
         a, a_s = _load_act(a_ptr, a_s_ptr, stride_a, K, k_steps, rm, m_ok, off_m, step,
@@ -899,12 +908,8 @@ def _gate_up_swiglu_quant_kernel(x_ptr, x_s_ptr, g_ptr, g_s_ptr, u_ptr, u_s_ptr,
     groups) per program, grid and operands as `_fp8_gemm_kernel` (gate, up: [F, K]);
     q: [M, F] uint8 (e4m3 bits), q_s: [M, ceil(F/128)] fp32, p (WRITE_P): [M, F] fp32.
     SPLIT: only store the fp32 sums of g and u in ws [splits, 2, M, F]."""
-    pid_m, pid_n = _tile_ids(tl.program_id(0), M, F, BLOCK_M, BLOCK_N, GROUP_M)
-    off_m, off_n = pid_m * BLOCK_M, pid_n * BLOCK_N
-    rm, rn = off_m + tl.arange(0, BLOCK_M), off_n + tl.arange(0, BLOCK_N)
-    m_ok, n_ok = rm < M, rn < F
-    k_steps = tl.cdiv(K, BLOCK_K)
-    lo, hi = _k_slice(tl.program_id(1), splits, k_steps)
+    pid_n, off_m, off_n, rm, rn, m_ok, n_ok, k_steps, lo, hi = _program_tile(
+        M, F, K, splits, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     acc_g = _zero_acc(BLOCK_M, BLOCK_N, SWAP)
     acc_u = tl.zeros_like(acc_g)
     for step in range(lo, hi):
