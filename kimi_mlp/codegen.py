@@ -12,7 +12,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .measure import _parse_m   # --m 1,16,4096 (appendix C)
+from .bench import BENCH_M       # the benchmark's token counts (chapter 9)
+from .measure import GPUCHECK_M, _parse_m   # the GPU check's; --m 1,16,4096
 
 #: The token counts the book inspects: decode (1 to 64), 64-row tiles, prefill.
 INSPECT_M = (1, 4, 16, 32, 64, 128, 1024, 4096)
@@ -20,15 +21,25 @@ INSPECT_M = (1, 4, 16, 32, 64, 128, 1024, 4096)
 HOPPER = ("cuda", 90, 32)
 #: SMs of an H100 SXM or an H200: what `plan_gemm` plans the launches for.
 H200_SMS = 132
-#: The most shared memory one thread block may use on compute capability 9.0, 227 KB
-#: (CUDA C++ Programming Guide, "Technical Specifications per Compute Capability").
-SHARED_MEM_LIMIT = 227 * 1024
+#: The most shared memory one thread block may use: 227 KB on compute capability 9.0,
+#: 99 KB on 8.9 (CUDA C++ Programming Guide, "Technical Specifications per Compute
+#: Capability"). Keyed by the family chapter 7 plans for.
+SHARED_MEM_LIMITS = {90: 227 * 1024, 89: 99 * 1024}
+SHARED_MEM_LIMIT = SHARED_MEM_LIMITS[90]
+#: The targets `inspect` compiles for, with the SM count split-K plans for by default:
+#: an H200 (or H100 SXM) for sm_90a, an L4 for sm_89.
+TARGETS = {"sm_90a": (90, H200_SMS), "sm_89": (89, 58)}
+
+
+def target_name(arch: int) -> str:
+    "The `ptxas` name of a GPU family: sm_90a (Hopper's wgmma needs the 'a'), sm_89."
+    return f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
 
 # %% auto #0
-__all__ = ['INSPECT_M', 'HOPPER', 'H200_SMS', 'SHARED_MEM_LIMIT', 'CONVERSIONS', 'CompileOnlyDriver', 'stand_in_block',
-           'compile_launches', 'parse_ptxas', 'ptxas_path_and_flags', 'run_ptxas', 'matrix_instructions',
-           'shared_buffers', 'ptx_excerpt', 'inspect_kernels', 'short_name', 'matrix_summary', 'table_rows',
-           'format_table', 'main']
+__all__ = ['INSPECT_M', 'HOPPER', 'H200_SMS', 'SHARED_MEM_LIMITS', 'SHARED_MEM_LIMIT', 'TARGETS', 'WORKLOADS', 'CONVERSIONS',
+           'target_name', 'CompileOnlyDriver', 'stand_in_block', 'compile_launches', 'parse_ptxas',
+           'ptxas_path_and_flags', 'run_ptxas', 'matrix_instructions', 'shared_buffers', 'ptx_excerpt',
+           'inspect_kernels', 'short_name', 'matrix_summary', 'table_rows', 'format_table', 'main']
 
 # %% ../book/appendix_d_codegen.ipynb #a7b1e9af
 class CompileOnlyDriver:
@@ -81,8 +92,8 @@ def stand_in_block(hidden_size: int = 7168, intermediate_size: int = 18432):
 
 def _specialization(fn, args, kwargs) -> tuple[dict, dict]:
     """One launch of JITFunction `fn`: its constexpr values, and how Triton specializes
-    each integer argument: "=1" (the value 1 becomes a constant), "%16" (divisible by
-    16) or "" (neither)."""
+    each other argument: an integer's "=1" (the value 1 becomes a constant), "%16"
+    (divisible by 16) or "" (neither); a tensor's dtype, ":bfloat16"."""
     import torch
     named = {k: v for k, v in kwargs.items() if k in fn.arg_names}   # not num_warps
     bound = fn.signature.bind(*args, **named)
@@ -94,30 +105,61 @@ def _specialization(fn, args, kwargs) -> tuple[dict, dict]:
             constexprs[p.name] = v
         elif isinstance(v, int) and not isinstance(v, bool):
             ints[p.name] = "=1" if v == 1 else "%16" if v % 16 == 0 else ""
-        elif isinstance(v, torch.Tensor) and v.data_ptr() % 16:
-            raise ValueError(f"{fn.__name__}: {p.name} is not 16-byte aligned; on a "
-                             "GPU it would be, so this compile would not be the GPU's")
+        elif isinstance(v, torch.Tensor):
+            if v.data_ptr() % 16:
+                raise ValueError(f"{fn.__name__}: {p.name} is not 16-byte aligned; on "
+                                 "a GPU it would be, so this compile would not be the "
+                                 "GPU's")
+            ints[p.name] = ":" + str(v.dtype).removeprefix("torch.")
     return constexprs, ints
 
 # %% ../book/appendix_d_codegen.ipynb #b7ca2094
+def _block_workload(block, h):
+    from .fused import fused_ffn_block
+    fused_ffn_block(h, block)
+
+
+def _gpucheck_workload(block, h):
+    from .measure import checked_launches, native_matches_integer, normed_and_quantized
+    x_fp8, x_scale, _ = normed_and_quantized(block, h)
+    checked_launches(block, h, x_fp8, x_scale)
+    native_matches_integer(block, h)
+
+
+def _bench_workload(block, h):
+    from .harness import make_providers
+    for p in make_providers(block, ("fused", "unfused_w8a8")).values():
+        p["fn"](h)
+
+
+#: What `compile_launches` runs at each M, and at which M by default.
+WORKLOADS = {"block": (_block_workload, INSPECT_M),
+             "gpucheck": (_gpucheck_workload, GPUCHECK_M),
+             "bench": (_bench_workload, BENCH_M)}
+
+
 def compile_launches(ms=INSPECT_M, hidden_size: int = 7168,
                      intermediate_size: int = 18432, sms: int = H200_SMS,
-                     arch: int = 90) -> list[dict]:
-    """Call `fused_ffn_block` at each M of `ms` with every Triton launch turned into a
-    compile for sm_{arch}a (`warmup=True`: nothing runs), on stand-in CPU tensors. Needs
+                     arch: int = 90, workloads=("block",)) -> list[dict]:
+    """Run each of `workloads` (WORKLOADS' names) at each M of `ms` (None: the
+    workload's own) with every Triton launch turned into a compile for
+    `target_name(arch)` (`warmup=True`: nothing runs), on stand-in CPU tensors. Needs
     a process whose kernels were decorated with TRITON_INTERPRET=0 (`inspect_kernels`).
 
     Returns one dict per variant (kernel, constexprs, integer specialization, num_warps,
     num_stages): `shared` bytes, ptxas `registers`, `stack`, `spill_stores`,
     `spill_loads`, `matrix` instructions, `smem_buffers`, a PTX `excerpt`, and the
-    `launches` that use it ({m, index: its place among that M's launches, grid})."""
+    `launches` that use it ({workload, m, index: its place among that M's launches,
+    grid})."""
     import torch
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
     from triton.runtime.jit import JITFunction
 
     from . import kernels
-    from .fused import fused_ffn_block
+    if arch not in kernels.ARCH_TILES:
+        raise ValueError(f"arch: expected one of {sorted(kernels.ARCH_TILES)}, "
+                         f"got {arch!r}")
     if kernels.INTERPRETED:
         raise RuntimeError("compile_launches: the kernels were decorated for Triton's "
                            "interpreter (TRITON_INTERPRET=1); use inspect_kernels")
@@ -131,23 +173,31 @@ def compile_launches(ms=INSPECT_M, hidden_size: int = 7168,
     block = stand_in_block(hidden_size, intermediate_size)
     previous = driver._active               # Triton's DriverConfig field (3.6 to 3.9)
     driver.set_active(CompileOnlyDriver(GPUTarget(HOPPER[0], arch, HOPPER[2])))
-    JITFunction.run, kernels._COMPILE_ONLY_SMS = compile_only, sms
+    saved = kernels._COMPILE_ONLY_SMS, kernels._COMPILE_ONLY_ARCH
+    kernels._COMPILE_ONLY_SMS, kernels._COMPILE_ONLY_ARCH = sms, arch
+    kernels._native(torch.device("cpu"))     # its probe compiles first, unrecorded
+    JITFunction.run = compile_only
     try:
-        for m in ms:
-            launches.clear()
-            h = torch.empty(m, hidden_size, dtype=torch.bfloat16)
-            with torch.no_grad():
-                fused_ffn_block(h, block)
-            for i, (fn, args, kwargs, grid, kernel) in enumerate(launches):
-                _record(variants, fn, args, kwargs, grid, kernel, m, i, arch)
+        for name in workloads:
+            run, default_ms = WORKLOADS[name]
+            for m in ms or default_ms:
+                launches.clear()
+                h = torch.empty(m, hidden_size, dtype=torch.bfloat16)
+                with torch.no_grad():
+                    run(block, h)
+                for i, (fn, args, kwargs, grid, kernel) in enumerate(launches):
+                    _record(variants, fn, args, kwargs, grid, kernel, (name, m, i),
+                            arch)
     finally:
-        JITFunction.run, kernels._COMPILE_ONLY_SMS = real_run, None
+        JITFunction.run = real_run
+        kernels._COMPILE_ONLY_SMS, kernels._COMPILE_ONLY_ARCH = saved
         driver.set_active(previous)
     return list(variants.values())
 
 
-def _record(variants, fn, args, kwargs, grid, kernel, m, index, arch):
-    "Add one launch to its variant; a variant's first launch goes through ptxas -v."
+def _record(variants, fn, args, kwargs, grid, kernel, where, arch):
+    """Add one launch to its variant; a variant's first launch goes through ptxas -v.
+    where: (workload, m, index of the launch at that m)."""
     constexprs, ints = _specialization(fn, args, kwargs)
     md = kernel.metadata
     key = (fn.__name__, tuple(constexprs.items()), tuple(ints.items()),
@@ -164,7 +214,9 @@ def _record(variants, fn, args, kwargs, grid, kernel, m, index, arch):
     elif v["hash"] != md.hash:
         raise RuntimeError(f"{fn.__name__}: two binaries for the variant {key}: Triton "
                            "specialized on something this table does not record")
-    v["launches"].append({"m": m, "index": index, "grid": list(grid)})
+    workload, m, index = where
+    v["launches"].append({"workload": workload, "m": m, "index": index,
+                          "grid": list(grid)})
 
 # %% ../book/appendix_d_codegen.ipynb #85213f87
 _ENTRY = re.compile(r"Compiling entry function '([^']+)'")
@@ -205,12 +257,13 @@ def ptxas_path_and_flags(arch: int = 90) -> tuple[str, str, list[str]]:
 
 
 def run_ptxas(ptx: str, arch: int = 90) -> dict[str, dict]:
-    "`ptxas -v` on `ptx` for sm_{arch}a with Triton's options, parsed by `parse_ptxas`."
+    "`ptxas -v` on `ptx` for `target_name(arch)`, Triton's options, by `parse_ptxas`."
     path, _, flags = ptxas_path_and_flags(arch)
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "kernel.ptx"
         src.write_text(ptx)
-        res = subprocess.run([path, "-v", *flags, f"--gpu-name=sm_{arch}a", str(src),
+        gpu = f"--gpu-name={target_name(arch)}"
+        res = subprocess.run([path, "-v", *flags, gpu, str(src),
                               "-o", str(Path(tmp) / "kernel.cubin")],
                              capture_output=True, text=True)
     if res.returncode != 0:
@@ -307,18 +360,28 @@ def ptx_excerpt(ptx: str, before: int = 6, after: int = 3,
 def _worker(argv=None) -> int:
     "The child process of `inspect_kernels`: compile, then write the report as JSON."
     p = argparse.ArgumentParser(prog="kimi_mlp.codegen worker")
-    for name in ("--m", "--hidden-size", "--intermediate-size", "--sms", "--out"):
+    for name in ("--m", "--hidden-size", "--intermediate-size", "--sms", "--arch",
+                 "--workloads", "--out"):
         p.add_argument(name, required=True)
     a = p.parse_args(argv)
     import triton
-    ms = [int(s) for s in a.m.split(",")]
-    d, f, sms = int(a.hidden_size), int(a.intermediate_size), int(a.sms)
-    variants = compile_launches(ms, d, f, sms)
-    _, ptxas_version, flags = ptxas_path_and_flags(HOPPER[1])
+    from triton.backends.compiler import GPUTarget
+
+    from . import kernels
+    ms = [int(s) for s in a.m.split(",")] if a.m else None
+    d, f, sms, arch = (int(v) for v in (a.hidden_size, a.intermediate_size, a.sms,
+                                        a.arch))
+    workloads = a.workloads.split(",")
+    variants = compile_launches(ms, d, f, sms, arch, workloads)
+    ms = sorted({x["m"] for v in variants for x in v["launches"]})
+    _, ptxas_version, flags = ptxas_path_and_flags(arch)
+    target = GPUTarget(HOPPER[0], arch, HOPPER[2])
     report = {"schema": "kimi-mlp-codegen/1", "triton": triton.__version__,
               "ptxas": ptxas_version, "ptxas_flags": flags,
-              "target": f"sm_{HOPPER[1]}a", "sms": sms, "hidden_size": d,
-              "intermediate_size": f, "ms": ms, "variants": variants}
+              "target": target_name(arch), "arch": arch, "sms": sms,
+              "native_e4m3": kernels._e4m3_rounds_once(target), "hidden_size": d,
+              "intermediate_size": f, "workloads": workloads, "ms": ms,
+              "variants": variants}
     Path(a.out).write_text(json.dumps(report, indent=1))
     return 0
 
@@ -330,21 +393,31 @@ def _check_positive(name, v):
 
 def inspect_kernels(ms=INSPECT_M, hidden_size: int = 7168,
                     intermediate_size: int = 18432, sms: int = H200_SMS,
-                    timeout: float = 1800) -> dict:
+                    timeout: float = 1800, arch: int = 90,
+                    workloads=("block",)) -> dict:
     """Compile every kernel variant `fused_ffn_block` launches at each M of `ms` for
-    sm_90a, in a fresh Python process with TRITON_INTERPRET=0, and return the report:
-    `triton`, `ptxas` (release) and `ptxas_flags`, `target`, `sms`, the shapes, `ms`,
-    and `variants` as `compile_launches` returns them. Reads nothing from a GPU and
-    needs none; `sms` is the SM count split-K plans for (132: H100 SXM, H200)."""
+    `target_name(arch)` (90: sm_90a, 89: sm_89), in a fresh Python process with
+    TRITON_INTERPRET=0, and return the report: `triton`, `ptxas` (release) and
+    `ptxas_flags`, `target`, `arch`, `sms`, `native_e4m3` (whether the compiler's
+    e4m3 conversion for it rounds once, chapter 7's `_native`), the shapes, `ms`, and
+    `variants` as `compile_launches` returns them. Reads nothing from a GPU and needs
+    none; `sms` is the SM count split-K plans for (132: H100 SXM, H200); `workloads`:
+    names in WORKLOADS, each at its own token counts when `ms` is None."""
     ms = tuple(ms) if isinstance(ms, (tuple, list)) else ms
-    if not isinstance(ms, tuple) or not ms:
+    if ms is not None and (not isinstance(ms, tuple) or not ms):
         raise ValueError(f"ms: expected a non-empty list of positive ints such as "
                          f"(1, 16, 4096), got {ms!r}")
-    for m in ms:
+    for m in ms or ():
         _check_positive("ms", m)
+    if not workloads or not set(workloads) <= set(WORKLOADS):
+        raise ValueError(f"workloads: expected names from {list(WORKLOADS)}, got "
+                         f"{workloads!r}")
     _check_positive("hidden_size", hidden_size)
     _check_positive("intermediate_size", intermediate_size)
     _check_positive("sms", sms)
+    if arch not in SHARED_MEM_LIMITS:
+        raise ValueError(f"arch: expected one of {sorted(SHARED_MEM_LIMITS)}, "
+                         f"got {arch!r}")
     import kimi_mlp                                         # this copy, not another one
     root = str(Path(kimi_mlp.__file__).resolve().parent.parent)
     path = [root] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
@@ -353,10 +426,11 @@ def inspect_kernels(ms=INSPECT_M, hidden_size: int = 7168,
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "codegen.json"
         child = "import sys; from kimi_mlp.codegen import _worker; sys.exit(_worker())"
-        cmd = [sys.executable, "-c", child, "--m", ",".join(map(str, ms)),
+        cmd = [sys.executable, "-c", child, "--m", ",".join(map(str, ms or ())),
+               "--workloads", ",".join(workloads),
                "--hidden-size", str(hidden_size),
                "--intermediate-size", str(intermediate_size),
-               "--sms", str(sms), "--out", str(out)]
+               "--sms", str(sms), "--arch", str(arch), "--out", str(out)]
         res = subprocess.run(cmd, env=env, capture_output=True, text=True,
                              timeout=timeout)
         if res.returncode != 0 or not out.exists():
@@ -411,7 +485,7 @@ def table_rows(report: dict) -> list[dict]:
     for v in sorted(vs, key=lambda v: (kernels.index(v["kernel"]),
                                        order.index(v["launches"][0]["m"]))):
         same = [w for w in vs if w["kernel"] == v["kernel"]]
-        differs = lambda field, k: len({str(w[field][k]) for w in same}) > 1
+        differs = lambda field, k: len({str(w[field].get(k)) for w in same}) > 1
         flags = [k for k, x in v["constexprs"].items()
                  if x is True and differs("constexprs", k)]
         spec = [f"{k.split('_')[0]}{s}" for k, s in v["int_args"].items()
@@ -441,24 +515,43 @@ def format_table(report: dict) -> str:
     return "\n".join([head, line({c: c for c in cols}), *map(line, rows)])
 
 # %% ../book/appendix_d_codegen.ipynb #e503d398
+def _workloads(text: str) -> tuple[str, ...]:
+    names = tuple(s for s in text.split(",") if s)
+    if not names or not set(names) <= set(WORKLOADS):
+        raise argparse.ArgumentTypeError(
+            f"expected names from {','.join(WORKLOADS)}, got {text!r}")
+    return names
+
+
 def main(argv=None) -> int:
-    "`python -m kimi_mlp inspect [--m 1,16,4096] [--json FILE]`; the exit status."
+    """`python -m kimi_mlp inspect [--arch sm_89] [--m 1,16,4096] [--json FILE]`; the
+    exit status."""
     p = argparse.ArgumentParser(
         prog="python -m kimi_mlp inspect",
         description="Compile the fused FFN block's Triton kernels for Hopper "
-                    "(sm_90a), no GPU needed, and print what the compiler made of it.")
-    p.add_argument("--m", type=_parse_m, default=INSPECT_M,
-                   help=f"token counts (default {','.join(map(str, INSPECT_M))})")
+                    "(sm_90a) or Ada (sm_89), no GPU needed, and print what the "
+                    "compiler made of it.")
+    p.add_argument("--arch", choices=tuple(TARGETS), default="sm_90a",
+                   help="the target (default sm_90a)")
+    p.add_argument("--workload", type=_workloads, default=("block",),
+                   help="what to compile, comma-separated from "
+                        f"{','.join(WORKLOADS)} (default block)")
+    p.add_argument("--m", type=_parse_m, default=None,
+                   help="token counts (default each workload's; the block's "
+                        f"{','.join(map(str, INSPECT_M))})")
     p.add_argument("--json", type=Path, default=None, help="write the full report here")
     p.add_argument("--excerpts", action="store_true",
                    help="print the PTX around each variant's first matrix instruction")
-    p.add_argument("--sms", type=int, default=H200_SMS,
-                   help=f"SM count split-K plans for (default {H200_SMS}, an H200)")
+    p.add_argument("--sms", type=int, default=None,
+                   help=f"SM count split-K plans for (default {H200_SMS}, an H200, for "
+                        "sm_90a; 58, an L4, for sm_89)")
     p.add_argument("--hidden-size", type=int, default=7168)
     p.add_argument("--intermediate-size", type=int, default=18432)
     a = p.parse_args(argv)
+    arch, sms = TARGETS[a.arch]
     try:
-        report = inspect_kernels(a.m, a.hidden_size, a.intermediate_size, a.sms)
+        report = inspect_kernels(a.m, a.hidden_size, a.intermediate_size,
+                                 a.sms or sms, arch=arch, workloads=a.workload)
     except (RuntimeError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -472,8 +565,14 @@ def main(argv=None) -> int:
     if a.json is not None:
         a.json.write_text(json.dumps(report, indent=1))
         print(f"wrote {a.json}")
-    over = [v for v in report["variants"] if v["shared"] > SHARED_MEM_LIMIT]
+    limit = SHARED_MEM_LIMITS[arch]
+    over = [v for v in report["variants"] if v["shared"] > limit]
     for v in over:
         print(f"{short_name(v['kernel'])}: {v['shared']} bytes of shared memory, more "
-              f"than the {SHARED_MEM_LIMIT} a block may use on sm_90", file=sys.stderr)
+              f"than the {limit} a block may use on {a.arch}", file=sys.stderr)
+    for v in report["variants"]:
+        if v["spill_stores"] or v["spill_loads"]:
+            print(f"{short_name(v['kernel'])} {_tile(v['constexprs'])}: spills "
+                  f"{v['spill_stores']}/{v['spill_loads']} bytes a thread",
+                  file=sys.stderr)
     return 1 if over else 0

@@ -74,6 +74,7 @@ def _validate(cfg) -> None:
 # %% ../book/01_config.ipynb #cd5edd4d
 class _ConfigMethods:
     "What a KimiK2Config does besides holding its fields (the class below holds them)."
+    num_hidden_layers: int               # one of those fields, read by dense_layers
 
     def __post_init__(self):
         _validate(self)

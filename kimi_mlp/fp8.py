@@ -13,14 +13,17 @@ from .config import _check_block_size   # chapter 1: a pair of positive ints
 from .swiglu import silu
 
 # %% auto #0
-__all__ = ['FP8_MAX', 'ACT_AMAX_EPS', 'FP8_DTYPE', 'FP8_MODES', 'quantize_weight_blockwise', 'dequantize_weight_blockwise',
-           'quantize_activation', 'fp8_linear_w8a16', 'fp8_matmul_blockwise', 'fp8_linear_w8a8', 'Fp8Linear',
-           'Fp8DenseMLP']
+__all__ = ['FP8_MAX', 'ACT_AMAX_EPS', 'FP8_DTYPE', 'FP8_TENSOR_CORES', 'FP8_MODES', 'quantize_weight_blockwise',
+           'dequantize_weight_blockwise', 'quantize_activation', 'fp8_linear_w8a16', 'fp8_matmul_blockwise',
+           'fp8_linear_w8a8', 'Fp8Linear', 'Fp8DenseMLP']
 
 # %% ../book/05_fp8.ipynb #466b5529
 FP8_MAX = 448.0          # largest finite float8_e4m3fn: 1.110 x 2^8
 ACT_AMAX_EPS = 1e-10     # activation amax floor: an all-zero group gets a finite scale
 FP8_DTYPE = torch.float8_e4m3fn
+#: Compute capability from which NVIDIA GPUs multiply e4m3 on their tensor cores
+#: (Ada 8.9, Hopper 9.0; CUDA C++ Programming Guide, "Compute Capabilities").
+FP8_TENSOR_CORES = (8, 9)
 
 
 def _check_positive_int(name, value, example=""):
@@ -260,6 +263,8 @@ def _check_mode(mode):
 # %% ../book/05_fp8.ipynb #4b076b1f
 class _Fp8LinearFrom:
     "`Fp8Linear`'s constructor from a bf16 layer (a mixin, so each cell stays short)."
+    weight: torch.Tensor                 # Fp8Linear's two buffers, filled here
+    weight_scale_inv: torch.Tensor
 
     @classmethod
     def from_linear(cls, linear_or_weight, block_size=(128, 128),
@@ -272,7 +277,8 @@ class _Fp8LinearFrom:
                                  "got one with a bias")
             w = w.weight.detach()
         _check_floating("linear_or_weight", w, rank=2)
-        m = cls(w.shape[1], w.shape[0], block_size=block_size, mode=mode)
+        m = cls(w.shape[1], w.shape[0],  # type: ignore[call-arg]  # an Fp8Linear
+                block_size=block_size, mode=mode)
         m.weight, m.weight_scale_inv = quantize_weight_blockwise(w, block_size)
         return m
 
@@ -322,6 +328,8 @@ class Fp8Linear(_Fp8LinearFrom, nn.Module):
 class _Fp8DenseMLPMixin:
     """`Fp8DenseMLP`'s constructor from a bf16 MLP, and its `mode` and `block_size`,
     read from and set on its three layers (a mixin, so each cell stays short)."""
+    PROJECTIONS: tuple[str, ...]         # what Fp8DenseMLP defines
+    gate_proj: "Fp8Linear"
 
     @property
     def mode(self) -> str:
@@ -346,7 +354,8 @@ class _Fp8DenseMLPMixin:
             if not isinstance(lin, nn.Linear):
                 raise ValueError(f"dense: expected a module with nn.Linear {name}, "
                                  f"got {type(lin).__name__}")
-        m = cls(linears[0].in_features, linears[0].out_features, block_size, mode)
+        m = cls(linears[0].in_features,  # type: ignore[call-arg]  # an Fp8DenseMLP
+                linears[0].out_features, block_size, mode)
         for name, lin in zip(cls.PROJECTIONS, linears):
             setattr(m, name, Fp8Linear.from_linear(lin, block_size, mode))
         return m

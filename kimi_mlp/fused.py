@@ -11,12 +11,13 @@ from torch import nn
 
 from . import kernels  # imported first: turns on TRITON_INTERPRET without a GPU
 from .block import ResidualBlock
-from .fp8 import FP8_DTYPE, Fp8DenseMLP, quantize_weight_blockwise
+from .fp8 import (FP8_DTYPE, Fp8DenseMLP, quantize_activation,
+                          quantize_weight_blockwise)
 from .rmsnorm import RMSNorm, rms_norm
 
 # %% auto #0
 __all__ = ['SCRATCH_MAX_M', 'FfnTensors', 'ffn_tensors', 'fused_ffn_block', 'FusedFp8DenseMLP', 'deepgemm_measure',
-           'random_dense_block', 'fused_launch_costs', 'unfused_launch_costs', 'launch_floor_s']
+           'tensor_core_share', 'random_dense_block', 'fused_launch_costs', 'unfused_launch_costs', 'launch_floor_s']
 
 # %% ../book/08_fused_mlp.ipynb #0d2c1f39
 @dataclass(frozen=True)
@@ -207,6 +208,9 @@ class _CheckedOnce(nn.Module):
 
     def __init__(self, block: nn.Module):
         super().__init__()
+        gain = getattr(getattr(block, "post_attention_layernorm", None), "weight", None)
+        if isinstance(gain, torch.Tensor):        # a GPU without FP8 tensor cores:
+            kernels.device_arch(gain.device)      # refused in one line, first
         ffn_tensors(block)                                   # refuse a bad block first
         self.post_attention_layernorm = block.post_attention_layernorm
         self.mlp = block.mlp
@@ -273,14 +277,32 @@ class FusedFp8DenseMLP(_CheckedOnce):
                 f"intermediate_size={self.intermediate_size}, launches=3")
 
 # %% ../book/08_fused_mlp.ipynb #9e5c7f13
-def _capture(module: FusedFp8DenseMLP, m: int) -> tuple:
-    """A CUDA graph of `module`'s launches for m tokens, with its static input and
-    output ([m, d] bf16): compiled and run once on a side stream first, as PyTorch asks
-    (`torch.cuda.graphs`), then captured."""
-    if module._t.norm_weight.device.type != "cuda" or kernels.INTERPRETED:
+@dataclass
+class _Graph:
+    """A captured CUDA graph and every tensor its replays read or write: the input and
+    output buffers and the intermediates (`_scratch`). The graph holds their addresses,
+    not the tensors, so they live here as long as the graph: freed, their memory would
+    go to other tensors, which every replay would then overwrite."""
+    graph: "torch.cuda.CUDAGraph"
+    static_in: torch.Tensor
+    static_out: torch.Tensor
+    scratch: tuple
+
+
+def _check_capturable(module: FusedFp8DenseMLP) -> None:
+    "Graphs need the block on a CUDA device and compiled kernels."
+    dev = module._t.norm_weight.device
+    if dev.type != "cuda" or kernels.INTERPRETED:
         raise RuntimeError("capture_graphs: expected the block on a CUDA device with "
-                           f"compiled kernels, got {module._t.norm_weight.device} "
-                           f"(interpreter {'on' if kernels.INTERPRETED else 'off'})")
+                           f"compiled kernels, got {dev} (interpreter "
+                           f"{'on' if kernels.INTERPRETED else 'off'})")
+
+
+def _capture(module: FusedFp8DenseMLP, m: int) -> _Graph:
+    """A CUDA graph of `module`'s launches for m tokens, with its own [m, d] bf16 input
+    and output and its own intermediates: compiled and run once on a side stream
+    first, as PyTorch asks (`torch.cuda.graphs`), then captured."""
+    _check_capturable(module)
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         raise ValueError(f"ms: expected positive ints, got {m!r}")
     dev = module._t.norm_weight.device
@@ -295,15 +317,14 @@ def _capture(module: FusedFp8DenseMLP, m: int) -> tuple:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         static_out = run()
-    return graph, static_in, static_out
+    return _Graph(graph, static_in, static_out, scratch)
 
 
-def _replay(captured: tuple, rows: torch.Tensor) -> torch.Tensor:
+def _replay(captured: _Graph, rows: torch.Tensor) -> torch.Tensor:
     "Copy rows into the graph's input, replay it, return a copy of its output."
-    graph, static_in, static_out = captured
-    static_in.copy_(rows)
-    graph.replay()
-    return static_out.clone()
+    captured.static_in.copy_(rows)
+    captured.graph.replay()
+    return captured.static_out.clone()
 
 # %% ../book/08_fused_mlp.ipynb #396fb21c
 from .checkpoint import relative_error  # chapter 6: ||y - ref|| / ||ref||
@@ -314,6 +335,20 @@ def deepgemm_measure(x: torch.Tensor, y: torch.Tensor) -> float:
     about half the squared relative rms error otherwise."""
     x, y = x.double(), y.double()
     return (1 - 2 * (x * y).sum() / (x * x + y * y).sum()).item()
+
+
+def tensor_core_share(block: nn.Module, h: torch.Tensor, rows: int = 256) -> float:
+    """What a GPU's tensor cores may add to the relative error of the block's MLP part
+    `out - h` (h: [..., d] bf16): twice chapter 7's model's error (`TC_ACC_BITS`) on
+    its first `rows` tokens, carried through the quantized p and the bf16 output."""
+    t = ffn_tensors(block)
+    x = h.reshape(-1, t.hidden_size)[:rows]
+    x8, xs = (v.to(x.device) for v in quantize_activation(
+        rms_norm(x, t.norm_weight, t.eps).cpu()))
+    ws = (t.gate, t.gate_scale, t.up, t.up_scale, t.down, t.down_scale)
+    part = {bits: (x + kernels.tensor_core_mlp(x8, xs, *ws, bits)[1].to(x.dtype)) - x
+            for bits in (kernels.TC_ACC_BITS, None)}
+    return 2 * relative_error(part[kernels.TC_ACC_BITS], part[None])
 
 # %% ../book/08_fused_mlp.ipynb #21d5af1d
 def random_dense_block(hidden_size: int = 7168, intermediate_size: int = 18432,

@@ -22,6 +22,7 @@ from kimi_mlp.bench import (
     BENCH_M,
     HIDDEN,
     INTERMEDIATE,
+    check_targets,
     ffn_flop,
     ffn_min_bytes,
     roofline_floor_s,
@@ -38,12 +39,15 @@ from kimi_mlp.fused import (
     fused_launch_costs,
     launch_floor_s,
     random_dense_block,
+    tensor_core_share,
 )
 from kimi_mlp.measure import (
     GRAPH_MAX_M,
     TILES_SCHEMA,
     _parse_m,
+    _reason,
     dequantized_weights,
+    gpu_refusal,
     environment,
     load_tiles,
     measure_ceilings,
@@ -206,14 +210,17 @@ def check_output(
     h: torch.Tensor,
     ref16: torch.Tensor,
     ref8: torch.Tensor,
+    share: float = 0.0,
 ) -> dict:
     """Errors of provider `name`'s output against the references, and whether they meet
     BENCH_BOUNDS: DeepGEMM's measure on the block output against w8a16 (`torch_bf16`
     itself: against w8a8), and the relative error of the MLP part `out - h` against
-    w8a8."""
+    w8a8; the fused block's bound plus `share`, the tensor cores' (chapter 8's
+    `tensor_core_share`)."""
     dg = deepgemm_measure(out, ref8 if name == "torch_bf16" else ref16)
     rel = relative_error(out - h, ref8 - h)
-    bound = BENCH_BOUNDS["rel_mlp_fused" if name == "fused" else "rel_mlp_other"]
+    bound = (BENCH_BOUNDS["rel_mlp_fused"] + share if name == "fused"
+             else BENCH_BOUNDS["rel_mlp_other"])
     ok = (
         bool(torch.isfinite(out).all())
         and dg < BENCH_BOUNDS["deepgemm"]
@@ -258,12 +265,94 @@ def _kernel_choices(m: int, d: int, f: int, device) -> dict:
     }
 
 
-def _reason(e: BaseException) -> str:
-    "One line describing an exception, for the record."
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else ''}"
+# %% ../book/appendix_e_harness.ipynb #d0057d28
+def _new_record(ms, providers, d, f, timed, settings, git_commit) -> dict:
+    "An empty benchmark record (schema BENCH_SCHEMA): provenance, shapes, settings."
+    return {"schema": BENCH_SCHEMA, "kind": "measurement" if timed else "cpu-smoke",
+            "complete": False, "environment": environment(git_commit),
+            "entry_point": "python -m kimi_mlp bench",
+            "shapes": {"hidden_size": d, "intermediate_size": f,
+                       "block_size": [128, 128]},
+            "settings": {"m": list(ms), "providers": list(providers), **settings,
+                         "bounds": BENCH_BOUNDS},
+            "ceilings": None, "providers": {}, "kernel_choices": {}, "results": [],
+            "launches": [], "skipped": [], "not_run_m": []}
 
 
+def _ceilings_into(record: dict, rep_ms: int, device, log) -> None:
+    "Measure the ceilings into `record` (or say in `ceilings_error` why not)."
+    try:
+        c = record["ceilings"] = measure_ceilings(rep_ms, device=device)
+    except Exception as e:  # keep the sweep; say what failed
+        record["ceilings_error"] = _reason(e)
+        log(f"ceilings: not measured: {record['ceilings_error']}")
+        return
+    fp8 = f"{c['fp8_flop_per_s'] / 1e12:.0f}" if c["fp8_flop_per_s"] else "n/a"
+    log(f"ceilings: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 "
+        f"{c['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s, fp8 {fp8} TFLOP/s")
+
+# %% ../book/appendix_e_harness.ipynb #cebcbea6
+def _time_provider(record, name, p, h, ref16, ref8, share, timer) -> str:
+    """Check provider `name` on h against the w8a16 and w8a8 references and, if it
+    passes and `timer` is given, time it; append its row to `record`. Returns the table
+    cell."""
+    m = h.shape[0]
+    try:
+        out = p["fn"](h)  # warm-up: compiles on first use
+    except Exception as e:  # e.g. a shape the library refuses
+        record["skipped"].append({"provider": name, "m": m, "reason": _reason(e)})
+        return "error"
+    row = {"provider": name, "m": m, **check_output(name, out, h, ref16, ref8, share),
+           "median_ms": None, "p20_ms": None, "p80_ms": None, "timer": None}
+    del out
+    if row["ok"] and timer is not None:
+        fn = p["fn"]
+        try:
+            row.update(timer(lambda: fn(h)))
+        except Exception as e:
+            record["skipped"].append({"provider": name, "m": m,
+                                      "reason": "timing: " + _reason(e)})
+    record["results"].append(row)
+    if not row["ok"]:
+        return "FAILED check"
+    if row["median_ms"]:
+        return f"{row['median_ms'] * 1e3:.1f}"
+    return "not timed" if timer is not None else "checked"
+
+
+def _time_launches(record, block, h, timer) -> None:
+    "Where the fused block's time goes: each of its three launches, timed alone."
+    m = h.shape[0]
+    try:
+        for launch, fn in fused_launches(block, h).items():
+            fn()
+            row = {"m": m, "launch": launch, "median_ms": None, "p20_ms": None,
+                   "p80_ms": None, "timer": None}
+            if timer is not None:
+                row.update(timer(fn))
+            record["launches"].append(row)
+    except Exception as e:
+        record["skipped"].append({"provider": "fused launches", "m": m,
+                                  "reason": _reason(e)})
+
+# %% ../book/appendix_e_harness.ipynb #3bb067a9
+def _bench_m(record, block, provs, w16, h, timer) -> list[str]:
+    "Every provider at one M (h: [M, d] bf16), then the fused launches; the cells."
+    with torch.no_grad():
+        ref16 = torch_bf16_ffn(h, block, w16)
+        mode = block.mlp.mode
+        block.mlp.mode = "w8a8"
+        ref8 = block(h)
+        block.mlp.mode = mode
+        share = tensor_core_share(block, h) if "fused" in provs else 0.0
+        cells = [_time_provider(record, name, p, h, ref16, ref8, share, timer)
+                 if p["available"] else "skipped" for name, p in provs.items()]
+        if any(r["provider"] == "fused" and r["m"] == h.shape[0] and r["ok"]
+               for r in record["results"]):
+            _time_launches(record, block, h, timer)
+    return cells
+
+# %% ../book/appendix_e_harness.ipynb #0b08eb3f
 def bench(
     ms=None,
     providers=tuple(PROVIDERS),
@@ -280,6 +369,7 @@ def bench(
     budget_s: float | None = None,
     log=print,
     on_update=None,
+    device=None,
 ) -> dict:
     """Check and time the providers for each M; returns the JSON-ready record (schema
     BENCH_SCHEMA).
@@ -289,7 +379,9 @@ def bench(
     SMOKE_SHAPES, M = SMOKE_M, interpreter, no timings, no ceilings. `budget_s`: start
     no new M after this many seconds (the record says which M were left out).
     `on_update(record)`: called after each M (e.g. to save partial results). A step that
-    raises is recorded in `skipped` (or `ceilings.error`) and the sweep goes on.
+    raises is recorded in `skipped` (or `ceilings_error`) and the sweep goes on.
+    `device`: where the block lives (default CUDA when there is one; tests of the
+    bookkeeping pass "cpu" with a stand-in timer).
     """
     cuda = torch.cuda.is_available()
     if not cuda and not cpu_smoke:
@@ -297,63 +389,25 @@ def bench(
             "bench: expected a CUDA device; without one use cpu_smoke=True"
             " (--cpu-smoke), which checks the harness at tiny shapes and times nothing"
         )
+    device = torch.device(device or ("cuda" if cuda else "cpu"))
+    refused = gpu_refusal(device) if device.type == "cuda" else None
+    if refused:
+        raise RuntimeError(f"bench: {refused}")
     timed = cuda and not cpu_smoke
-    device = "cuda" if cuda else "cpu"
     d, f = SMOKE_SHAPES if cpu_smoke else (hidden_size, intermediate_size)
     ms = tuple(ms or (SMOKE_M if cpu_smoke else BENCH_M))
     t0 = time.perf_counter()
-    record = {
-        "schema": BENCH_SCHEMA,
-        "kind": "measurement" if timed else "cpu-smoke",
-        "complete": False,
-        "environment": environment(git_commit),
-        "entry_point": "python -m kimi_mlp bench",
-        "shapes": {"hidden_size": d, "intermediate_size": f, "block_size": [128, 128]},
-        "settings": {
-            "m": list(ms),
-            "providers": list(providers),
-            "rep_ms": rep_ms,
-            "warmup_ms": warmup_ms,
-            "graph_max_m": graph_max_m,
-            "seed": seed,
-            "budget_s": budget_s,
-            "bounds": BENCH_BOUNDS,
-        },
-        "ceilings": None,
-        "providers": {},
-        "kernel_choices": {},
-        "results": [],
-        "launches": [],
-        "skipped": [],
-        "not_run_m": [],
-    }
+    settings = {"rep_ms": rep_ms, "warmup_ms": warmup_ms, "graph_max_m": graph_max_m,
+                "seed": seed, "budget_s": budget_s}
+    record = _new_record(ms, providers, d, f, timed, settings, git_commit)
     env = record["environment"]
-    log(
-        f"bench: {env.get('gpu', 'CPU, Triton interpreter')} | torch {env['torch']} |"
-        f" triton {env['triton']} | hidden {d}, intermediate {f} | M"
-        f" {list(ms)}{'' if timed else ' | smoke test: nothing is timed'}"
-    )
+    log(f"bench: {env.get('gpu', 'CPU, Triton interpreter')} | torch {env['torch']} | "
+        f"triton {env['triton']} | hidden {d}, intermediate {f} | M {list(ms)}"
+        f"{'' if timed else ' | smoke test: nothing is timed'}")
     if timed:
-        torch.backends.cuda.matmul.allow_tf32 = (
-            False  # the float32 reference stays float32
-        )
+        torch.backends.cuda.matmul.allow_tf32 = False  # the float32 reference stays
         if ceilings:
-            try:
-                c = measure_ceilings(rep_ms)
-                record["ceilings"] = c
-                fp8 = (
-                    f"{c['fp8_flop_per_s'] / 1e12:.0f}"
-                    if c["fp8_flop_per_s"]
-                    else "n/a"
-                )
-                log(
-                    f"ceilings: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 "
-                    f"{c['bf16_flop_per_s'] / 1e12:.0f} TFLOP/s, fp8 {fp8} TFLOP/s "
-                    f"({time.perf_counter() - t0:.0f} s)"
-                )
-            except Exception as e:  # keep the sweep; say what failed
-                record["ceilings_error"] = _reason(e)
-                log(f"ceilings: not measured: {record['ceilings_error']}")
+            _ceilings_into(record, rep_ms, device, log)
     block = random_dense_block(d, f, device=device, seed=seed)
     w16 = dequantized_weights(block)
     provs = make_providers(block, providers, w16)
@@ -361,11 +415,8 @@ def bench(
         record["providers"][name] = {k: v for k, v in p.items() if k != "fn"}
         if not p["available"]:
             log(f"{name}: skipped: {p['reason']}")
-    log(
-        f"{'M':>5} "
-        + " ".join(f"{n:>14}" for n in provs)
-        + ("   (µs, median)" if timed else "")
-    )
+    log(f"{'M':>5} " + " ".join(f"{n:>14}" for n in provs)
+        + ("   (µs, median)" if timed else ""))
     for i, m in enumerate(ms):
         if budget_s is not None and time.perf_counter() - t0 > budget_s:
             record["not_run_m"] = list(ms[i:])
@@ -374,91 +425,18 @@ def bench(
         record["kernel_choices"][str(m)] = _kernel_choices(m, d, f, device)
         gen = torch.Generator(device=device).manual_seed(seed * 100_003 + 7 * i + 1)
         h = torch.randn(m, d, generator=gen, device=device).to(torch.bfloat16)
-        cells = []
-        with torch.no_grad():
-            ref16 = torch_bf16_ffn(h, block, w16)
-            mode = block.mlp.mode
-            block.mlp.mode = "w8a8"
-            ref8 = block(h)
-            block.mlp.mode = mode
-            for name, p in provs.items():
-                if not p["available"]:
-                    cells.append("skipped")
-                    continue
-                try:
-                    out = p["fn"](h)  # warm-up: compiles on first use
-                except Exception as e:  # e.g. a shape the library refuses
-                    record["skipped"].append(
-                        {"provider": name, "m": m, "reason": _reason(e)}
-                    )
-                    cells.append("error")
-                    continue
-                row = {
-                    "provider": name,
-                    "m": m,
-                    **check_output(name, out, h, ref16, ref8),
-                    "median_ms": None,
-                    "p20_ms": None,
-                    "p80_ms": None,
-                    "timer": None,
-                }
-                del out
-                if row["ok"] and timed:
-                    fn = p["fn"]
-                    try:
-                        row.update(
-                            time_ms(lambda: fn(h), m <= graph_max_m, warmup_ms, rep_ms)
-                        )
-                    except Exception as e:
-                        record["skipped"].append({
-                            "provider": name,
-                            "m": m,
-                            "reason": "timing: " + _reason(e),
-                        })
-                record["results"].append(row)
-                cells.append(
-                    "FAILED check"
-                    if not row["ok"]
-                    else (
-                        f"{row['median_ms'] * 1e3:.1f}"
-                        if row["median_ms"]
-                        else "checked" if not timed else "not timed"
-                    )
-                )
-            if "fused" in provs and any(
-                r["provider"] == "fused" and r["m"] == m and r["ok"]
-                for r in record["results"]
-            ):
-                try:  # where the fused block's time goes
-                    for launch, fn in fused_launches(block, h).items():
-                        fn()
-                        row = {
-                            "m": m,
-                            "launch": launch,
-                            "median_ms": None,
-                            "p20_ms": None,
-                            "p80_ms": None,
-                            "timer": None,
-                        }
-                        if timed:
-                            row.update(time_ms(fn, m <= graph_max_m, warmup_ms, rep_ms))
-                        record["launches"].append(row)
-                except Exception as e:
-                    record["skipped"].append(
-                        {"provider": "fused launches", "m": m, "reason": _reason(e)}
-                    )
-        del ref16, ref8
+        timer = (lambda fn: time_ms(fn, m <= graph_max_m, warmup_ms, rep_ms)) \
+            if timed else None
+        cells = _bench_m(record, block, provs, w16, h, timer)
         log(f"{m:>5} " + " ".join(f"{c:>14}" for c in cells))
         record["elapsed_s"] = round(time.perf_counter() - t0, 1)
         if on_update is not None:
             on_update(record)
     record["complete"] = not record["not_run_m"]
     record["elapsed_s"] = round(time.perf_counter() - t0, 1)
-    log(
-        f"done in {record['elapsed_s']:.0f} s;"
-        f" {sum(r['ok'] for r in record['results'])} of {len(record['results'])}"
-        f" outputs passed their checks; {len(record['skipped'])} skipped"
-    )
+    log(f"done in {record['elapsed_s']:.0f} s; "
+        f"{sum(r['ok'] for r in record['results'])} of {len(record['results'])} "
+        f"outputs passed their checks; {len(record['skipped'])} skipped")
     return record
 
 # %% ../book/appendix_e_harness.ipynb #61eb4b97
@@ -573,6 +551,10 @@ def run_bench(args: argparse.Namespace) -> int:
             " times nothing).",
             file=sys.stderr,
         )
+        return 2
+    refused = None if args.cpu_smoke else gpu_refusal(torch.device("cuda"))
+    if refused:
+        print(f"bench: {refused}", file=sys.stderr)
         return 2
     out = args.out
     if out is None:
@@ -808,7 +790,8 @@ def plot_bandwidth(
             if m <= max_m
         ]
         if pts:
-            _line(ax, name, *zip(*pts), record["providers"][name]["label"])
+            xs, ys = zip(*pts)
+            _line(ax, name, xs, ys, record["providers"][name]["label"])
     ax.axhline(0.8, color="k", ls=":", label="decode target, 80%")
     return _finish(
         ax,
@@ -863,7 +846,8 @@ def plot_speedup(record: dict, ax=None, of: str = "fused"):
                 continue
             pts = [(m, t / mine[m]) for m, t in zip(ms, ts) if m in mine]
             if pts:
-                _line(ax, name, *zip(*pts), f"over {name}")
+                xs, ys = zip(*pts)
+                _line(ax, name, xs, ys, f"over {name}")
     ax.axhline(1.0, color="k", lw=0.8)
     return _finish(
         ax,
@@ -925,18 +909,21 @@ TUNE_SHAPES = {"gate_up": (INTERMEDIATE, HIDDEN), "gemm": (HIDDEN, INTERMEDIATE)
 TUNE_M = {16: 16, 32: 32, 64: 64, 256: 256, None: 4096}
 
 
-def tile_candidates(kind: str, bound) -> list[dict]:
-    """The rows `tune` times for one bucket of GEMM_TILES: the table's own first, then
-    one step from it (warps 4 <-> 8, one pipeline stage more or fewer, the activation's
-    TMA flipped, the token tile doubled or halved) and, at decode (SWAP), the split
-    forced to 1, 2, 4, 8 or 16 slices. Deduplicated, in that order."""
-    base = dict(next(row for b, row in kernels.GEMM_TILES[kind] if b == bound))
-    bm, stages = base["BLOCK_M"], base["num_stages"]
+def tile_candidates(kind: str, bound, arch: int = 90) -> list[dict]:
+    """The rows `tune` times for one bucket of the GPU family's table (chapter 7's
+    `ARCH_TILES`): the table's own first, then one step from it (warps 4 <-> 8, one
+    pipeline stage more or fewer, on Hopper the activation's TMA flipped, the token tile
+    doubled or halved) and, at decode (up to 32 tokens), the split forced to 1, 2, 4, 8
+    or 16 slices. Deduplicated, in that order."""
+    base = dict(next(row for b, row in kernels.ARCH_TILES[arch][kind] if b == bound))
+    bm, stages, hopper = base["BLOCK_M"], base["num_stages"], arch >= 90
+    low, high = (16, 64) if base["SWAP"] or not hopper else (64, 128)
     steps = [dict(num_warps=12 - base["num_warps"]), dict(num_stages=stages + 1),
-             dict(num_stages=max(2, stages - 1)), dict(TMA_A=not base["TMA_A"]),
-             dict(BLOCK_M=min(bm * 2, 64 if base["SWAP"] else 128)),
-             dict(BLOCK_M=max(bm // 2, 16 if base["SWAP"] else 64))]
-    splits = [dict(split_k=s) for s in (1, 2, 4, 8, 16)] if base["SWAP"] else []
+             dict(num_stages=max(2, stages - 1)),
+             *([dict(TMA_A=not base["TMA_A"])] if hopper else []),
+             dict(BLOCK_M=min(bm * 2, high)), dict(BLOCK_M=max(bm // 2, low))]
+    decode = base["SWAP"] or (bound is not None and bound <= 32)
+    splits = [dict(split_k=s) for s in (1, 2, 4, 8, 16)] if decode else []
     out = []
     for change in [{}, *steps, *splits]:
         row = dict(base, **change)
@@ -955,14 +942,14 @@ def _tune_operands(kind: str, m: int, n: int, k: int, device) -> tuple:
     return x, ws
 
 
-def _tune_launch(kind: str, x, ws, row: dict, sms: int):
+def _tune_launch(kind: str, x, ws, row: dict, sms: int, arch: int = 90):
     """A zero-argument call that launches one GEMM with tile row `row` (its `split_k`,
     if any, forced), and the output it writes: bf16 [m, n], or the gated product's e4m3
     codes and scales."""
     (a, a_s), (m, k), n = x, x[0].shape, ws[0][0].shape[0]
     table = {("gate_up" if kind == "gate_up" else "gemm", n, k): ((None, row),)}
     plan = kernels._with_meta(kernels.plan_gemm(kind, m, n, k, sms, row.get("split_k"),
-                                                tiles=table))
+                                                tiles=table, arch=arch))
     weights = kernels._weight_operands(*(w for w, _ in ws))
     if kind == "gate_up":
         q = torch.empty(m, n, dtype=torch.float8_e4m3fn, device=a.device)
@@ -986,7 +973,7 @@ def _tune_error(kind: str, got: tuple, ref: tuple) -> tuple[float, float]:
 
 def tune_bucket(kind: str, bound, device, sms: int, rep_ms: int = 50,
                 m: int | None = None, n_k: tuple | None = None, timed: bool = True,
-                log=print) -> dict:
+                log=print, arch: int = 90) -> dict:
     """Check and time `tile_candidates(kind, bound)` at M = TUNE_M[bound] (or m) for the
     shape TUNE_SHAPES[kind] (or n_k); returns the tile file's row for the bucket, with
     `median_us` of the winner and `default_us` of the table's own row."""
@@ -994,9 +981,9 @@ def tune_bucket(kind: str, bound, device, sms: int, rep_ms: int = 50,
     m = m or TUNE_M[bound]
     x, ws = _tune_operands(kind, m, n, k, device)
     best, ref, results = None, None, []
-    for row in tile_candidates(kind, bound):
+    for row in tile_candidates(kind, bound, arch):
         try:
-            run, out = _tune_launch(kind, x, ws, row, sms)
+            run, out = _tune_launch(kind, x, ws, row, sms, arch)
             run()                                             # compile, then check
             ref = ref or tuple(o.clone() for o in out)
             err, limit = _tune_error(kind, out, ref)
@@ -1019,42 +1006,47 @@ def tune_bucket(kind: str, bound, device, sms: int, rep_ms: int = 50,
             "config": best[1]}
 
 # %% ../book/appendix_e_harness.ipynb #6a9e2c05
-def tune(budget_s: float = 900, rep_ms: int = 50, git_commit: str | None = None,
-         log=print) -> dict:
+def tune(budget_s: float = 300, rep_ms: int = 50, git_commit: str | None = None,
+         log=print, on_update=None) -> dict:
     """The tile sweep on the current CUDA device: every bucket of both GEMMs, while the
-    budget lasts (the rest keep GEMM_TILES' rows, `"tuned": false`). Returns the tile
-    file (appendix C's schema)."""
-    device, t0, rows = torch.device("cuda"), time.perf_counter(), []
-    sms = kernels.device_sms(device)
-    for kind in TUNE_SHAPES:
-        for bound, row in kernels.GEMM_TILES[kind]:
-            if time.perf_counter() - t0 > budget_s:
-                n, k = TUNE_SHAPES[kind]
-                rows.append({"kind": kind, "n": n, "k": k, "m_max": bound,
-                             "tuned": False, "config": dict(row)})
-                continue
-            r = tune_bucket(kind, bound, device, sms, rep_ms, log=log)
-            log(f"{kind} M<={bound or 'all'}: {r['median_us']:.1f} us (table's row "
-                f"{r['default_us']:.1f} us, {r['candidates']} candidates): "
-                f"{r['config']}")
-            rows.append(r)
-    return {"schema": TILES_SCHEMA, "device": torch.cuda.get_device_name(device),
-            "sms": sms, "entry_point": "python -m kimi_mlp tune",
-            "provenance": environment(git_commit), "rows": rows,
-            "seconds": round(time.perf_counter() - t0, 1)}
+    budget lasts (the rest keep the family's rows, `"tuned": false`). Returns the tile
+    file (appendix C's schema); `on_update(table)` gets the whole file after each
+    bucket, a valid one at every step, so a run cut short keeps what it measured."""
+    device, t0 = torch.device("cuda"), time.perf_counter()
+    sms, arch = kernels.device_sms(device), kernels.device_arch(device)
+    buckets = [(kind, bound, row) for kind in TUNE_SHAPES
+               for bound, row in kernels.ARCH_TILES[arch][kind]]
+    rows = [{"kind": kind, "n": TUNE_SHAPES[kind][0], "k": TUNE_SHAPES[kind][1],
+             "m_max": bound, "tuned": False, "config": dict(row)}
+            for kind, bound, row in buckets]
+    table = {"schema": TILES_SCHEMA, "device": torch.cuda.get_device_name(device),
+             "sms": sms, "arch": arch, "entry_point": "python -m kimi_mlp tune",
+             "provenance": environment(git_commit), "rows": rows, "seconds": 0.0}
+    for i, (kind, bound, _) in enumerate(buckets):
+        if time.perf_counter() - t0 > budget_s:
+            break
+        r = rows[i] = tune_bucket(kind, bound, device, sms, rep_ms, log=log, arch=arch)
+        log(f"{kind} M<={bound or 'all'}: {r['median_us']:.1f} us (table's row "
+            f"{r['default_us']:.1f} us, {r['candidates']} candidates): {r['config']}")
+        table["seconds"] = round(time.perf_counter() - t0, 1)
+        if on_update is not None:
+            on_update(table)
+    return table
 
 # %% ../book/appendix_e_harness.ipynb #0f4b7d26
 def tune_main(argv=None) -> int:
     """`python -m kimi_mlp tune [--out FILE]`: the sweep, written where --out says
-    (default `./<device>.json`). 0 when written, 2 when refused (no GPU)."""
+    (default `./<device>.json`) after every bucket. 0 when written, 2 when refused (no
+    GPU, or one without FP8 tensor cores)."""
     p = argparse.ArgumentParser(
         prog="python -m kimi_mlp tune",
         description="Time candidate tile configurations of the fused block's GEMMs on "
                     "this GPU and write its tile table.")
     p.add_argument("--out", type=Path, default=None,
                    help="the JSON file to write (default ./<device>.json)")
-    p.add_argument("--budget-s", type=float, default=900,
-                   help="seconds for the sweep; later buckets keep the defaults")
+    p.add_argument("--budget-s", type=float, default=300,
+                   help="seconds for the sweep (default 300); later buckets keep the "
+                        "defaults")
     p.add_argument("--rep-ms", type=int, default=50, help="do_bench time per candidate")
     p.add_argument("--git-commit", default=None, help="record this commit")
     args = p.parse_args(argv)
@@ -1063,9 +1055,16 @@ def tune_main(argv=None) -> int:
               "configurations on a GPU; without one the tables of chapter 7 apply.",
               file=sys.stderr)
         return 2
-    table = tune(args.budget_s, args.rep_ms, args.git_commit)
-    out = args.out or Path(tiles_file_name(table["device"]))
-    out.write_text(json.dumps(table, indent=1) + "\n")
-    load_tiles(out)                                       # what the kernels will read
+    refused = gpu_refusal(torch.device("cuda"))
+    if refused:
+        print(f"tune: {refused}", file=sys.stderr)
+        return 2
+    out = args.out or Path(tiles_file_name(torch.cuda.get_device_name()))
+
+    def save(table):
+        out.write_text(json.dumps(table, indent=1) + "\n")
+        load_tiles(out)                                   # what the kernels will read
+
+    save(tune(args.budget_s, args.rep_ms, args.git_commit, on_update=save))
     print(f"wrote {out}: copy it into kimi_mlp/configs/ or set KIMI_MLP_TILES={out}")
     return 0

@@ -10,7 +10,7 @@ import datetime
 import hashlib
 import io
 import json
-import math
+import linecache
 import os
 import platform
 import subprocess
@@ -27,7 +27,7 @@ from torch import nn
 # Nothing here imports kimi_mlp.kernels (or Triton) at import time: `book_mode` must
 # be able to choose the interpreter before the kernels are defined.
 from .checkpoint import relative_error
-from .fp8 import fp8_linear_w8a8, quantize_activation
+from .fp8 import FP8_TENSOR_CORES, fp8_linear_w8a8, quantize_activation
 from .rmsnorm import rms_norm
 
 
@@ -39,17 +39,15 @@ def _package_dir() -> Path:
     return Path(kimi_mlp.__file__).resolve().parent
 
 # %% auto #0
-__all__ = ['FP8_TENSOR_CORES', 'GRAPH_MAX_M', 'GPUCHECK_BOUNDS', 'GPUCHECK_M', 'GPUCHECK_SMOKE_M', 'TILES_SCHEMA', 'TILES_ENV',
-           'REPORT_NOTEBOOKS', 'BookMode', 'book_mode', 'poisoned_allocations', 'time_ms', 'median_ms', 'environment',
-           'measure_ceilings', 'load_ceilings', 'rate', 'dequantized_weights', 'torch_bf16_ffn', 'check_block_once',
-           'native_matches_integer', 'gpucheck_main', 'launches_stubbed', 'host_time_us', 'tiles_file_name',
-           'load_tiles', 'tuned_tiles', 'run_notebook', 'gpu_report_main', 'main']
+__all__ = ['GRAPH_MAX_M', 'CEILING_SHAPES', 'GPUCHECK_BOUNDS', 'TENSOR_CORE_CHECKS', 'GPUCHECK_M', 'GPUCHECK_SMOKE_M',
+           'TILES_SCHEMA', 'TILES_ENV', 'REPORT_NOTEBOOKS', 'REPORT_STEPS', 'REPORT_SCHEMA', 'BookMode', 'book_mode',
+           'gpu_refusal', 'poisoned_allocations', 'time_ms', 'median_ms', 'environment', 'measure_ceilings',
+           'load_ceilings', 'rate', 'dequantized_weights', 'torch_bf16_ffn', 'tensor_core_shares', 'checked_launches',
+           'normed_and_quantized', 'check_block_once', 'rounding_outputs', 'native_matches_integer', 'gpucheck_main',
+           'launches_stubbed', 'host_time_us', 'tiles_file_name', 'load_tiles', 'tuned_tiles', 'run_notebook',
+           'gpu_report_main', 'main']
 
 # %% ../book/appendix_c_measuring.ipynb #c72171b0
-#: Compute capability from which NVIDIA GPUs have FP8 tensor cores (Ada 8.9, Hopper 9).
-FP8_TENSOR_CORES = (8, 9)
-
-
 @dataclass(frozen=True)
 class BookMode:
     """How chapters 7 to 9 run. `gpu`: their GPU code runs (compiled Triton kernels on a
@@ -128,6 +126,17 @@ def book_mode() -> BookMode:
             f"Triton's CPU interpreter at small widths: {why}",
         )
     )
+
+
+def gpu_refusal(device: torch.device) -> str | None:
+    """None when the kernels can run compiled on `device`, else chapter 7's one-line
+    reason (a CUDA GPU below compute capability 8.9). Imports the kernels."""
+    from kimi_mlp import kernels
+    try:
+        kernels.device_arch(device)
+    except RuntimeError as e:
+        return str(e)
+    return None
 
 
 def _agreed(mode: BookMode) -> BookMode:
@@ -302,72 +311,74 @@ def environment(git_commit: str | None = None) -> dict:
     return env
 
 # %% ../book/appendix_c_measuring.ipynb #d7dfd1c3
-def measure_ceilings(rep_ms: int = 100) -> dict:
-    """On the current CUDA device: a 2 GiB device-to-device copy (bytes read + written)
-    and the largest bf16 (`torch.matmul`) and fp8 (`torch._scaled_mm`, one scale per
-    tensor) matmul rates, each on random data, median of `do_bench`. Returns rates and
-    the measurements behind them.
-    """
-    dev = "cuda"
-    details = []
-    src = torch.randn(2**30, device=dev, dtype=torch.bfloat16)
+#: The matrix products the ceilings are measured on, (M, N, K): a square one and the
+#: FFN's gate/up product at prefill (N = 18432, K = 7168).
+CEILING_SHAPES = ((8192, 8192, 8192), (8192, 18432, 7168))
+
+
+def _reason(e: BaseException) -> str:
+    "One line describing an exception, for a record."
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"
+
+
+def _copy_rate(numel: int, device, rep_ms: int) -> dict:
+    "A device-to-device copy of `numel` bf16 values: bytes read + written per second."
+    src = torch.randn(numel, device=device, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    t, _ = median_ms(lambda: dst.copy_(src), rep_ms=rep_ms)
-    copy = 2 * src.numel() * 2 / (t * 1e-3)
-    details.append(
-        {"what": "copy 2 GiB bf16, device to device", "ms": t, "bytes_per_s": copy}
-    )
-    del src, dst
-    rates = {"bf16": [], "fp8": []}
-    for m, n, k in ((8192, 8192, 8192), (8192, INTERMEDIATE, HIDDEN)):
-        a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
-        b = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
-        a @ b.t()
-        t, _ = median_ms(lambda: a @ b.t(), rep_ms=rep_ms)
-        rates["bf16"].append(2 * m * n * k / (t * 1e-3))
-        details.append({
-            "what": f"bf16 matmul {m}x{n}x{k}",
-            "ms": t,
-            "flop_per_s": rates["bf16"][-1],
-        })
-        if hasattr(torch, "_scaled_mm"):
-            a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
-            one = torch.ones((), device=dev)
-            for fast in (False, True):
-                try:
-                    fn = lambda: torch._scaled_mm(
-                        a8,
-                        b8.t(),
-                        scale_a=one,
-                        scale_b=one,
-                        out_dtype=torch.bfloat16,
-                        use_fast_accum=fast,
-                    )
-                    fn()
-                    t, _ = median_ms(fn, rep_ms=rep_ms)
-                except Exception as e:
-                    details.append({
-                        "what": f"fp8 _scaled_mm {m}x{n}x{k} fast_accum={fast}",
-                        "error": _reason(e),
-                    })
-                    continue
-                rates["fp8"].append(2 * m * n * k / (t * 1e-3))
-                details.append({
-                    "what": f"fp8 _scaled_mm {m}x{n}x{k} fast_accum={fast}",
-                    "ms": t,
-                    "flop_per_s": rates["fp8"][-1],
-                })
-            del a8, b8
-        del a, b
-    torch.cuda.empty_cache()
-    return {
-        "copy_bytes_per_s": copy,
-        "bf16_flop_per_s": max(rates["bf16"]),
-        "fp8_flop_per_s": max(rates["fp8"]) if rates["fp8"] else None,
-        "details": details,
-        "source": "measured in this run",
-    }
+    copy = lambda: dst.copy_(src)
+    copy()
+    t, _ = median_ms(copy, rep_ms=rep_ms)
+    return {"what": f"copy {2 * numel / 2**30:g} GiB bf16, device to device", "ms": t,
+            "bytes_per_s": 2 * 2 * numel / (t * 1e-3)}
+
+
+def _matmul_rates(m: int, n: int, k: int, device, rep_ms: int) -> list[dict]:
+    """bf16 (`torch.matmul`) and fp8 (`torch._scaled_mm`, one scale per tensor, with
+    and without fast accumulation) products of random [m, k] x [k, n]: one entry each,
+    with its rate, or the error that stopped it."""
+    a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, k, device=device, dtype=torch.bfloat16)
+    a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
+    one = torch.ones((), device=device)
+    runs = {"bf16 matmul": lambda: a @ b.t()}
+    for fast in (False, True):
+        runs[f"fp8 _scaled_mm fast_accum={fast}"] = lambda fast=fast: torch._scaled_mm(
+            a8, b8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+            use_fast_accum=fast)
+    entries = []
+    for what, fn in runs.items():
+        entry = {"what": f"{what} {m}x{n}x{k}"}
+        try:
+            fn()
+            t, _ = median_ms(fn, rep_ms=rep_ms)
+            entry.update(ms=t, flop_per_s=2 * m * n * k / (t * 1e-3))
+        except Exception as e:                       # e.g. no fp8 product here
+            entry["error"] = _reason(e)
+        entries.append(entry)
+    return entries
+
+
+def measure_ceilings(rep_ms: int = 100, device="cuda", copy_numel: int = 2**30,
+                     shapes=CEILING_SHAPES) -> dict:
+    """On a CUDA device: a 2 GiB device-to-device copy (bytes read + written) and the
+    best bf16 and fp8 matmul rates over `shapes`, each on random data, median of
+    `do_bench`. Returns the rates (fp8: None when no fp8 product ran) and the
+    measurements behind them, `details`."""
+    details = [_copy_rate(copy_numel, device, rep_ms)]
+    for m, n, k in shapes:
+        details += _matmul_rates(m, n, k, device, rep_ms)
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()
+
+    def best(kind):
+        rates = [d["flop_per_s"] for d in details
+                 if d["what"].startswith(kind) and "flop_per_s" in d]
+        return max(rates, default=None)
+
+    return {"copy_bytes_per_s": details[0]["bytes_per_s"],
+            "bf16_flop_per_s": best("bf16"), "fp8_flop_per_s": best("fp8"),
+            "details": details, "source": "measured in this run"}
 
 # %% ../book/appendix_c_measuring.ipynb #76e3910d
 def load_ceilings(path) -> dict:
@@ -434,31 +445,72 @@ def torch_bf16_ffn(h: torch.Tensor, block: nn.Module, w: dict) -> torch.Tensor:
     return h + F.linear(gated, w["down_proj"])
 
 
-# Bounds of the GPU check, derived (no GPU measurement of them is stored yet):
-# norm_vs_rms_norm 2^-8, the bf16 unit roundoff, for rare one-ulp flips (2^-7 each) of
-# the normalised x; fp8_gemm and block_vs_w8a8 1e-2, fp32 sums in another order seen
-# through bf16 rounding (u = 2^-8) and the odd flipped e4m3 code; swiglu_act 2^-4, one
-# e4m3 rounding of the intermediate (u = 2^-4); DeepGEMM's 1e-3 on the block output;
-# 2^-9 on the MLP part (three e4m3 roundings).
+# Bounds of the GPU check, derived (no GPU measurement of them is stored yet), as they
+# hold with exact steps: norm_vs_rms_norm 2^-8, the bf16 unit roundoff, for rare one-ulp
+# flips (2^-7 each) of the normalised x; fp8_gemm and block_vs_w8a8 1e-2, fp32 sums in
+# another order seen through bf16 rounding (u = 2^-8) and the odd flipped e4m3 code;
+# swiglu_act 2^-4, one e4m3 rounding of the intermediate (u = 2^-4); DeepGEMM's 1e-3 on
+# the block output; 2^-9 on the MLP part (three e4m3 roundings).
 GPUCHECK_BOUNDS = {"norm_vs_rms_norm": 2.0 ** -8, "fp8_gemm": 1e-2,
                    "swiglu_act": 2.0 ** -4, "block_vs_w8a8": 1e-2,
                    "deepgemm_vs_w8a16": 1e-3, "deepgemm_mlp_part": 2.0 ** -9}
+#: The checks on tensor-core sums; each bound gets their share (`tensor_core_shares`).
+TENSOR_CORE_CHECKS = ("fp8_gemm", "swiglu_act", "block_vs_w8a8")
+
+
+def tensor_core_shares(block: nn.Module, h: torch.Tensor, x_fp8, x_scale) -> dict:
+    """What the tensor cores may add to each of TENSOR_CORE_CHECKS on input h [M, d]
+    with its quantized x: twice chapter 7's model's error (`TC_ACC_BITS` mantissa
+    bits, first 256 tokens) on the GEMM, on p, and on the block's MLP part. Computed
+    on every run; under the interpreter, whose steps are exact, it only loosens the
+    bounds a little."""
+    from kimi_mlp import kernels
+    from kimi_mlp.fused import ffn_tensors, tensor_core_share
+    t, x8, xs, n = ffn_tensors(block), x_fp8[:256], x_scale[:256], kernels.TC_ACC_BITS
+
+    def p(bits):                                       # silu(g) * u in the model
+        g = kernels.tensor_core_matmul(x8, xs, t.gate, t.gate_scale, bits)
+        return F.silu(g) * kernels.tensor_core_matmul(x8, xs, t.up, t.up_scale, bits)
+
+    return {"fp8_gemm": 2 * kernels.tensor_core_error(x8, xs, t.gate, t.gate_scale),
+            "swiglu_act": 2 * relative_error(p(n), p(None)),
+            "block_vs_w8a8": tensor_core_share(block, h)}
 
 # %% ../book/appendix_c_measuring.ipynb #5b2e7d44
+def checked_launches(block: nn.Module, h: torch.Tensor, x_fp8, x_scale) -> tuple:
+    """The GPU check's launches on h [M, d] bf16 and a quantized x: `fp8_gemm` (x @
+    gate), the fused gate/up kernel and the whole block, with poisoned allocations.
+    Appendix D compiles exactly these for each GPU."""
+    from kimi_mlp import kernels
+    from kimi_mlp.fused import ffn_tensors, fused_ffn_block
+    t = ffn_tensors(block)
+    with poisoned_allocations():
+        g = kernels.fp8_gemm(x_fp8, x_scale, t.gate, t.gate_scale)
+        a = kernels.fp8_gate_up_swiglu_quant(x_fp8, x_scale, t.gate, t.gate_scale,
+                                             t.up, t.up_scale)
+        return g, a, fused_ffn_block(h, block)
+
+
+def normed_and_quantized(block: nn.Module, h: torch.Tensor) -> tuple:
+    "Launch 1 with its debugging window: (x_fp8, x_scale, the normalised x)."
+    from kimi_mlp import kernels                   # defined now: book_mode has chosen
+    norm = block.post_attention_layernorm
+    dtype = torch.promote_types(norm.weight.dtype, h.dtype)
+    normed = torch.empty(h.shape, dtype=dtype, device=h.device)
+    return (*kernels.rmsnorm_quant(h, norm.weight, norm.eps, normed_out=normed), normed)
+
+
 def check_block_once(block: nn.Module, h: torch.Tensor,
                      w_bf16: dict | None = None) -> dict:
     """Run every check of `gpucheck_main` for one input h [M, d] bf16. Returns the
-    errors, the bounds' verdicts (`ok`), `native_bitexact` (`native_matches_integer`)
-    and `out`, the fused block's output (computed with poisoned allocations)."""
-    from kimi_mlp import kernels                   # defined now: book_mode has chosen
-    from kimi_mlp.fused import deepgemm_measure, ffn_tensors, fused_ffn_block
+    errors, `bounds` (GPUCHECK_BOUNDS plus the tensor cores' shares), the verdicts
+    (`ok`), `native_bitexact` (`native_matches_integer`) and `out`, the fused block's
+    output (computed with poisoned allocations)."""
+    from kimi_mlp.fused import deepgemm_measure, ffn_tensors
     t, norm, mlp, r = ffn_tensors(block), block.post_attention_layernorm, block.mlp, {}
     r["m"] = h.shape[0]
     with torch.no_grad():
-        dtype = torch.promote_types(norm.weight.dtype, h.dtype)
-        normed = torch.empty(h.shape, dtype=dtype, device=h.device)
-        x_fp8, x_scale = kernels.rmsnorm_quant(h, norm.weight, norm.eps,
-                                               normed_out=normed)
+        x_fp8, x_scale, normed = normed_and_quantized(block, h)
         # The kernel's quantizer, bit for bit, on its own normalised x, with the torch
         # quantizer run on the CPU: torch's CUDA division by a Python scalar (amax /
         # 448) multiplies by the reciprocal, not the IEEE quotient the kernel computes.
@@ -472,11 +524,7 @@ def check_block_once(block: nn.Module, h: torch.Tensor,
         r["norm_vs_rms_norm"] = relative_error(normed, x_ref)
         g = fp8_linear_w8a8(x_ref, t.gate, t.gate_scale, out_dtype=torch.float32)
         u = fp8_linear_w8a8(x_ref, t.up, t.up_scale, out_dtype=torch.float32)
-        with poisoned_allocations():
-            g_k = kernels.fp8_gemm(ref_fp8, ref_scale, t.gate, t.gate_scale)
-            a_fp8, a_scale = kernels.fp8_gate_up_swiglu_quant(
-                ref_fp8, ref_scale, t.gate, t.gate_scale, t.up, t.up_scale)
-            out = fused_ffn_block(h, block)
+        g_k, (a_fp8, a_scale), out = checked_launches(block, h, ref_fp8, ref_scale)
         r["fp8_gemm"] = relative_error(g_k, g)
         a = a_fp8.float() * a_scale.repeat_interleave(128, dim=-1)[:, :t.gate.shape[0]]
         r["swiglu_act"] = relative_error(a, F.silu(g) * u)
@@ -492,42 +540,48 @@ def check_block_once(block: nn.Module, h: torch.Tensor,
         r["deepgemm_vs_w8a16"] = deepgemm_measure(out, ref16)
         r["deepgemm_mlp_part"] = deepgemm_measure(out - h, ref16 - h)
         r["native_bitexact"] = native_matches_integer(block, h)
+        shares = tensor_core_shares(block, h, ref_fp8, ref_scale)
+    r["bounds"] = bounds = {k: b + shares.get(k, 0.0)
+                            for k, b in GPUCHECK_BOUNDS.items()}
     r["ok"] = bool(r["norm_quant_bitexact"] and r["native_bitexact"] is not False
                    and all(r[k] < b if k.startswith("deepgemm") else r[k] <= b
-                           for k, b in GPUCHECK_BOUNDS.items()))
+                           for k, b in bounds.items()))
     r["out"] = out
     return r
 
 # %% ../book/appendix_c_measuring.ipynb #8e3a5c19
-def native_matches_integer(block: nn.Module, h: torch.Tensor) -> bool | None:
-    """On a GPU: whether the kernels give the same bits with the hardware's conversions
-    (`kernels.NATIVE`) as with chapter 7's integer roundings, on input h [M, d] bf16 and
-    a NaN-laced copy of it. None under the interpreter (NATIVE is off there)."""
+def rounding_outputs(block: nn.Module, h: torch.Tensor) -> list:
+    """Every kernel that rounds, on h [M, d] bf16 and on a NaN-laced copy of it: both
+    quantizers, the fused gate/up kernel with and without split-K (its epilogue, and
+    the reduction's), the whole block; then the dequantization of `down_proj`."""
     from kimi_mlp import kernels
     from kimi_mlp.fused import FusedFp8DenseMLP, ffn_tensors
-    if not kernels.NATIVE:
-        return None
-    t = ffn_tensors(block)
+    t, fused, got = ffn_tensors(block), FusedFp8DenseMLP(block), []
     bad = h.clone()
     bad.view(-1)[:: max(1, bad.numel() // 7)] = float("nan")   # NaN in a few groups
+    for x in (h, bad):
+        x_fp8, x_scale = kernels.rmsnorm_quant(x, t.norm_weight, t.eps)
+        got += [x_fp8, x_scale, *kernels.act_quant(x.float() * 300), fused(x)]
+        for split in (1, None):
+            got += kernels.fp8_gate_up_swiglu_quant(x_fp8, x_scale, t.gate,
+                                                    t.gate_scale, t.up, t.up_scale,
+                                                    split_k=split)
+    got.append(kernels.dequantize_blockwise_triton(t.down, t.down_scale))
+    return got
 
-    def outputs():
-        fused = FusedFp8DenseMLP(block)
-        got = []
-        for x in (h, bad):
-            x_fp8, x_scale = kernels.rmsnorm_quant(x, t.norm_weight, t.eps)
-            got += [x_fp8, x_scale, *kernels.act_quant(x.float() * 300), fused(x)]
-            for split in (1, None):                       # the epilogue, the reduction
-                got += kernels.fp8_gate_up_swiglu_quant(x_fp8, x_scale, t.gate,
-                                                        t.gate_scale, t.up, t.up_scale,
-                                                        split_k=split)
-        got.append(kernels.dequantize_blockwise_triton(t.down, t.down_scale))
-        return got
 
-    native = outputs()
+def native_matches_integer(block: nn.Module, h: torch.Tensor) -> bool | None:
+    """On a GPU: whether the kernels give the same bits with the hardware's conversions
+    (chapter 7's `_native`) as with its integer roundings, on `rounding_outputs`. None
+    where the hardware's are not used: under the interpreter, and where the compiler's
+    e4m3 conversion rounds twice (there the integer roundings run in both)."""
+    from kimi_mlp import kernels
+    if not kernels._native(h.device):
+        return None
+    native = rounding_outputs(block, h)
     kernels.NATIVE = False
     try:
-        integer = outputs()
+        integer = rounding_outputs(block, h)
     finally:
         kernels.NATIVE = True
     same = lambda a, b: torch.equal(a.view(torch.uint8), b.view(torch.uint8))
@@ -572,6 +626,19 @@ def _gpucheck_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _earlier_rows(out: Path, kind: str, shapes: dict, ms) -> list:
+    """The rows an earlier run left in `out`/gpucheck.json for other M (same kind of
+    run, same shapes): a check split over several calls ends in one file."""
+    try:
+        old = json.loads((out / "gpucheck.json").read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(old, dict) or (old.get("kind"), old.get("shapes")) != (kind,
+                                                                             shapes):
+        return []
+    return [r for r in old.get("results", []) if r.get("m") not in ms]
+
+
 def _gpucheck_line(r: dict) -> str:
     "One row of the GPU check's table."
     tf, tb = r["fused_ms"], r["torch_bf16_ms"]
@@ -596,6 +663,10 @@ def gpucheck_main(argv=None) -> int:
               file=sys.stderr)
         return 2
     device, timed = ("cuda" if cuda else "cpu"), cuda and not args.cpu_smoke
+    refused = timed and gpu_refusal(torch.device(device))
+    if refused:
+        print(f"gpucheck: {refused}", file=sys.stderr)
+        return 2
     d, f = (320, 704) if args.cpu_smoke else (args.hidden_size, args.intermediate_size)
     ms = args.m or (GPUCHECK_SMOKE_M if args.cpu_smoke else GPUCHECK_M)
     log, rows, t0 = [], [], time.perf_counter()
@@ -604,16 +675,22 @@ def gpucheck_main(argv=None) -> int:
         print(line, flush=True)
         log.append(line)
 
-    def save():
+    kind, shapes = "measurement" if timed else "cpu-smoke", {"hidden_size": d,
+                                                              "intermediate_size": f}
+    earlier = [] if args.out is None else _earlier_rows(args.out, kind, shapes, ms)
+
+    def save():                       # after every M: a run cut short keeps its rows
         if args.out is not None:
             args.out.mkdir(parents=True, exist_ok=True)
-            record = {"schema": "kimi-mlp-gpucheck/1",
-                      "kind": "measurement" if timed else "cpu-smoke",
-                      "environment": env,
-                      "shapes": {"hidden_size": d, "intermediate_size": f},
-                      "bounds": GPUCHECK_BOUNDS, "results": rows}
+            record = {"schema": "kimi-mlp-gpucheck/1", "kind": kind,
+                      "environment": env, "shapes": shapes,
+                      "bounds": GPUCHECK_BOUNDS, "results": earlier + rows}
             (args.out / "gpucheck.json").write_text(json.dumps(record, indent=1))
-            (args.out / "gpucheck.log").write_text("\n".join(log) + "\n")
+            with open(args.out / "gpucheck.log", "a") as f_log:
+                f_log.write("".join(line + "\n" for line in log[saved[0]:]))
+            saved[0] = len(log)
+
+    saved = [0]
 
     env = environment(args.git_commit)
     say(f"gpucheck: {env.get('gpu', 'CPU (Triton interpreter)')}, torch "
@@ -655,7 +732,9 @@ def gpucheck_main(argv=None) -> int:
         save()
     bounds = ", ".join(f"{k} {'<' if k.startswith('deepgemm') else '<='} {v:.3g}"
                        for k, v in GPUCHECK_BOUNDS.items())
-    say(f"bounds: norm bits identical, native roundings = integer ones, {bounds}")
+    say(f"bounds: norm bits identical, native roundings = integer ones, {bounds}; "
+        f"{', '.join(TENSOR_CORE_CHECKS)} plus the tensor cores' share (chapter 7's "
+        "model, per M in the record)")
     ok = all(r["ok"] for r in rows)
     say(f"{'all checks passed' if ok else 'SOME CHECKS FAILED'} in "
         f"{time.perf_counter() - t0:.0f} s")
@@ -867,7 +946,8 @@ def _install_display(current: list) -> None:
         import IPython.display as ipd
         import IPython.core.display_functions as idf
 
-        ipd.display = idf.display = display
+        for module in (ipd, idf):
+            setattr(module, "display", display)
     except ImportError:  # a bare environment: a stand-in
         import types
 
@@ -878,17 +958,36 @@ def _install_display(current: list) -> None:
             def _repr_markdown_(self):
                 return self.data
 
-        ipy, ipd = types.ModuleType("IPython"), types.ModuleType("IPython.display")
-        ipd.Markdown, ipd.display, ipy.display = Markdown, display, ipd
-        sys.modules.update({"IPython": ipy, "IPython.display": ipd})
+        stub, stub_display = types.ModuleType("IPython"), types.ModuleType(
+            "IPython.display")
+        for module, name, value in ((stub_display, "Markdown", Markdown),
+                                    (stub_display, "display", display),
+                                    (stub, "display", stub_display)):
+            setattr(module, name, value)
+        sys.modules.update({"IPython": stub, "IPython.display": stub_display})
     plt.show = show
+
+
+def _error_output(e: BaseException) -> dict:
+    "A cell's exception as a Jupyter error output."
+    return {"output_type": "error", "ename": type(e).__name__, "evalue": str(e),
+            "traceback": traceback.format_exception(type(e), e, e.__traceback__)}
+
+
+def _cell_code(source: str, name: str):
+    """A cell's source compiled under `name`, and kept in `linecache` under that name as
+    IPython keeps its cells: `inspect.getsource` then finds a function the cell defines,
+    as `@triton.jit` needs when it compiles for a GPU."""
+    linecache.cache[name] = (len(source), None, source.splitlines(True), name)
+    return compile(source, name, "exec")
 
 
 def _run_notebook_here(src: Path, dst: Path) -> dict:
     """Execute `src`'s code cells in order in this process (one namespace, the
-    notebook's directory as the working directory), stop at the first error, write the
-    executed notebook to `dst`. Returns {"notebook", "cells", "failed"}, `failed` None
-    or {"cell", "error"}.
+    notebook's directory as the working directory), stop at the first error, and write
+    the executed notebook to `dst` after every cell, so that a process killed midway
+    leaves the cells it ran. Returns {"notebook", "cells", "failed"}, `failed` None or
+    {"cell", "error"}.
     """
     nb = json.loads(Path(src).read_text())
     dst = Path(dst).resolve()
@@ -897,123 +996,208 @@ def _run_notebook_here(src: Path, dst: Path) -> dict:
     _install_display(current)
     import matplotlib.pyplot as plt
 
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code":
+            cell["outputs"], cell["execution_count"] = [], None
+    write = lambda: dst.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    write()
     namespace, count, failed = {"__name__": "__main__"}, 0, None
     for i, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "code":
-            continue
-        cell["outputs"], cell["execution_count"] = [], None
-        if failed is not None:
             continue
         count += 1
         cell["execution_count"], current[0] = count, cell["outputs"]
         out, err = _Outputs(current[0], "stdout"), _Outputs(current[0], "stderr")
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
-                exec(compile("".join(cell["source"]), f"<cell {i}>", "exec"), namespace)
+                name = f"<notebook {Path(src).name} cell {i}>"
+                exec(_cell_code("".join(cell["source"]), name), namespace)
                 if plt.get_fignums():
                     plt.show()  # what the inline backend shows anyway
             except BaseException as e:  # noqa: BLE001  (a cell may raise anything)
-                lines = traceback.format_exception(type(e), e, e.__traceback__)
-                current[0].append({
-                    "output_type": "error",
-                    "ename": type(e).__name__,
-                    "evalue": str(e),
-                    "traceback": lines,
-                })
-                failed = {
-                    "cell": i,
-                    "error": f"{type(e).__name__}: {e}".splitlines()[0],
-                }
-    dst.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+                current[0].append(_error_output(e))
+                first = f"{type(e).__name__}: {e}".splitlines()[0]
+                failed = {"cell": i, "error": first}
+        write()
+        if failed is not None:
+            break
     return {"notebook": Path(src).name, "cells": count, "failed": failed}
 
 
-def run_notebook(src, dst, timeout_s: float = 600, env: dict | None = None) -> dict:
-    """Execute notebook `src` in a fresh Python process and write the executed copy to
-    `dst`. Returns {"notebook", "cells", "failed", "seconds"}: `failed` is None, or the
-    first cell that raised (index and error), or a timeout. `env`: extra environment
+def run_notebook(src, dst, timeout_s: float | None = None,
+                 env: dict | None = None) -> dict:
+    """Execute notebook `src` in a fresh Python process, writing the executed copy to
+    `dst` as it goes. Returns {"notebook", "cells", "failed", "seconds"}: `failed` is
+    None, or the first cell that raised (index and error), or how the process ended
+    early (killed, or past `timeout_s`; None: no limit). `env`: extra environment
     variables for the process.
     """
     package_root = str(_package_dir().parent)
     full_env = {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (package_root, full_env.get("PYTHONPATH")) if p
-    )
-    code = (
-        "import json, sys; from kimi_mlp.measure import _run_notebook_here; "
-        "print(json.dumps(_run_notebook_here(sys.argv[1], sys.argv[2])))"
-    )
+        p for p in (package_root, full_env.get("PYTHONPATH")) if p)
+    code = ("import json, sys; from kimi_mlp.measure import _run_notebook_here; "
+            "print(json.dumps(_run_notebook_here(sys.argv[1], sys.argv[2])))")
+    cmd = [sys.executable, "-c", code, *(str(Path(p).resolve()) for p in (src, dst))]
     t0 = time.perf_counter()
     try:
-        p = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                code,
-                str(Path(src).resolve()),
-                str(Path(dst).resolve()),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env=full_env,
-        )
-    except subprocess.TimeoutExpired:
-        return {
-            "notebook": Path(src).name,
-            "cells": None,
-            "seconds": timeout_s,
-            "failed": {"cell": None, "error": f"timed out after {timeout_s:.0f} s"},
-        }
-    seconds = time.perf_counter() - t0
-    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                           env=full_env)
         result = json.loads(p.stdout.strip().splitlines()[-1])
+    except subprocess.TimeoutExpired:
+        result = {"failed": {"cell": None,
+                             "error": f"timed out after {timeout_s:.0f} s"}}
     except (IndexError, ValueError):
-        tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or ["no output"]
-        result = {
-            "notebook": Path(src).name,
-            "cells": None,
-            "failed": {"cell": None, "error": f"the runner failed: {tail[0]}"},
-        }
-    return {**result, "seconds": round(seconds, 1)}
+        tail = (p.stderr or p.stdout).strip().splitlines()[-1:] or [
+            f"no output, exit status {p.returncode}"]
+        result = {"failed": {"cell": None, "error": f"the runner failed: {tail[0]}"}}
+    if result["failed"] is not None and result["failed"]["cell"] is None:
+        result["cells"], result["failed"]["cell"] = _cells_run(dst)
+    return {"notebook": Path(src).name, **result,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def _cells_run(dst) -> tuple[int, int | None]:
+    """What a runner that ended early left in `dst`: how many cells it ran, and the
+    index of the cell it was in (the first code cell with no execution count)."""
+    try:
+        cells = json.loads(Path(dst).read_text())["cells"]
+    except (OSError, ValueError):
+        return 0, None
+    code = [(i, c) for i, c in enumerate(cells) if c["cell_type"] == "code"]
+    ran = sum(c["execution_count"] is not None for _, c in code)
+    return ran, next((i for i, c in code if c["execution_count"] is None), None)
 
 # %% ../book/appendix_c_measuring.ipynb #dcb5f7f6
 REPORT_NOTEBOOKS = ("07_kernels.ipynb", "08_fused_mlp.ipynb", "09_benchmarks.ipynb")
+#: The report's steps, in the order they run; `--steps` picks some of them.
+REPORT_STEPS = ("gpucheck", "notebooks", "bench")
+REPORT_SCHEMA = "kimi-mlp-gpu-report/2"
+
+
+def _names(choices):
+    "An argparse type: comma-separated names, each one of `choices`."
+    def parse(text):
+        names = tuple(s for s in text.split(",") if s)
+        if not names or not set(names) <= set(choices):
+            raise argparse.ArgumentTypeError("expected comma-separated names from "
+                                             f"{','.join(choices)}, got {text!r}")
+        return names
+    return parse
 
 
 def _gpu_report_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m kimi_mlp gpu-report",
-        description=(
-            "Everything that needs a GPU, in one run: the GPU check at the real shapes,"
-            " chapters 7-9 executed on the GPU, and the benchmark sweep; all under"
-            " --out."
-        ),
-    )
-    p.add_argument(
-        "--out", type=Path, required=True, help="directory for everything written"
-    )
-    p.add_argument(
-        "--git-commit", default=None, help="record this commit (a tree without .git)"
-    )
-    p.add_argument(
-        "--budget-s",
-        type=float,
-        default=420,
-        help="seconds for the whole run; the sweep gets what is left (default 420)",
-    )
-    p.add_argument(
-        "--notebooks",
-        type=lambda s: tuple(s.split(",")),
-        default=REPORT_NOTEBOOKS,
-        help="comma-separated notebook file names in book/ (default chapters 7-9)",
-    )
-    p.add_argument(
-        "--cpu-smoke",
-        action="store_true",
-        help="no GPU: the same steps through the interpreter at small shapes",
-    )
+        description="Everything that needs a GPU: the GPU check at the real shapes, "
+                    "chapters 7-9 executed on the GPU, the benchmark sweep; every step "
+                    "writes its results under --out as soon as it has them.")
+    p.add_argument("--out", type=Path, required=True,
+                   help="directory for everything written (a later run adds to it)")
+    p.add_argument("--git-commit", default=None,
+                   help="record this commit (a tree without .git)")
+    p.add_argument("--steps", type=_names(REPORT_STEPS), default=REPORT_STEPS,
+                   help=f"comma-separated, from {','.join(REPORT_STEPS)} (default all)")
+    p.add_argument("--budget-s", type=float, default=420,
+                   help="seconds for this run: a notebook may use what is left, the "
+                        "sweep starts no M after it (default 420)")
+    p.add_argument("--m", type=_parse_m, default=None,
+                   help="the GPU check's token counts (default "
+                        f"{','.join(map(str, GPUCHECK_M))})")
+    p.add_argument("--notebooks", type=_names(REPORT_NOTEBOOKS),
+                   default=REPORT_NOTEBOOKS,
+                   help="comma-separated notebook file names in book/ (default "
+                        "chapters 7-9)")
+    p.add_argument("--cpu-smoke", action="store_true",
+                   help="no GPU: the same steps through the interpreter at small "
+                        "shapes, with no time limit")
     return p
+
+# %% ../book/appendix_c_measuring.ipynb #ba3a9303
+class _Report:
+    """`gpu-report.json` and `gpu-report.log` under `out`, rewritten after every step.
+    A run adds itself to the runs an earlier call left in the same folder, so GPU work
+    cut into several calls ends with one report."""
+
+    def __init__(self, out: Path, args, env: dict):
+        self.out, self.t0, self.budget_s = out, time.perf_counter(), args.budget_s
+        path = out / "gpu-report.json"
+        try:
+            runs = json.loads(path.read_text())["runs"]
+        except (OSError, ValueError, KeyError, TypeError):
+            runs = []
+        self.run = {"steps_asked": list(args.steps), "cpu_smoke": args.cpu_smoke,
+                    "budget_s": args.budget_s, "environment": env, "steps": []}
+        self.runs = [*runs, self.run]
+
+    def left(self) -> float | None:
+        "Seconds of the budget left; None in a smoke run, which has no time limit."
+        cpu_smoke = self.run["cpu_smoke"]
+        return None if cpu_smoke else self.budget_s - (time.perf_counter() - self.t0)
+
+    def say(self, line: str) -> None:
+        print(line, flush=True)
+        with open(self.out / "gpu-report.log", "a") as f:
+            f.write(line + "\n")
+
+    def add(self, step: dict) -> None:
+        "Record a finished step and write the report at once."
+        self.run["steps"].append(step)
+        self.run["seconds"] = round(time.perf_counter() - self.t0, 1)
+        record = {"schema": REPORT_SCHEMA, "runs": self.runs}
+        (self.out / "gpu-report.json").write_text(json.dumps(record, indent=1) + "\n")
+
+
+def _report_gpucheck(report: _Report, args, commit: list) -> None:
+    t = time.perf_counter()
+    ms = ["--m", ",".join(map(str, args.m))] if args.m else []
+    rc = gpucheck_main(["--out", str(report.out), *commit, *ms,
+                        *(["--cpu-smoke"] if args.cpu_smoke else [])])
+    report.add({"step": "gpucheck", "ok": rc == 0, "rc": rc,
+                "seconds": round(time.perf_counter() - t, 1)})
+    report.say(f"gpucheck: {'passed' if rc == 0 else f'FAILED (exit status {rc})'}")
+
+
+def _report_notebook(report: _Report, args, name: str) -> None:
+    src, step = _package_dir().parent / "book" / name, f"notebook {name}"
+    left = report.left()
+    if not src.is_file():
+        why = (f"{src} not found (an installed copy of the package has no notebooks: "
+               "run from a clone)")
+        report.add({"step": step, "ok": False, "skipped": True, "reason": why})
+    elif left is not None and left < 30:
+        why = f"{left:.0f} s of the budget left, fewer than 30"
+        report.add({"step": step, "ok": False, "skipped": True, "reason": why})
+    else:
+        rehearse = {"KIMI_BOOK_MODE": "rehearsal"} if args.cpu_smoke else {}
+        r = run_notebook(src, report.out / name, timeout_s=left, env=rehearse)
+        report.add({"step": step, "ok": r["failed"] is None, **r})
+    s = report.run["steps"][-1]
+    report.say(f"{name}: " + ("ran, every cell passed" if s["ok"] else s.get("reason")
+                              or f"FAILED at cell {s['failed']['cell']}: "
+                                 f"{s['failed']['error']}"))
+
+
+def _report_bench(report: _Report, args, commit: list) -> None:
+    from kimi_mlp import harness                      # imports kimi_mlp.kernels
+    left, t = report.left(), time.perf_counter()
+    if left is not None and left < 30:
+        report.add({"step": "bench", "ok": False, "skipped": True,
+                    "reason": f"{left:.0f} s of the budget left, fewer than 30"})
+    else:
+        try:
+            record = harness.bench(
+                cpu_smoke=args.cpu_smoke, budget_s=None if left is None else left - 20,
+                git_commit=commit[-1] if commit else None, log=report.say,
+                on_update=lambda record: harness.write_record(record, report.out))
+            ok = all(r["ok"] for r in record["results"])
+            file = harness.write_record(record, report.out).name
+            report.add({"step": "bench", "ok": ok, "file": file,
+                        "complete": record["complete"],
+                        "seconds": round(time.perf_counter() - t, 1)})
+        except Exception as e:  # noqa: BLE001  (report it, then finish)
+            report.add({"step": "bench", "ok": False, "error": _reason(e)})
+    report.say(f"bench: {'passed' if report.run['steps'][-1]['ok'] else 'FAILED'}")
 
 
 def gpu_report_main(argv=None) -> int:
@@ -1021,117 +1205,27 @@ def gpu_report_main(argv=None) -> int:
     failed, 2 when refused (no GPU and no --cpu-smoke)."""
     args = _gpu_report_parser().parse_args(argv)
     if not torch.cuda.is_available() and not args.cpu_smoke:
-        print(
-            "gpu-report: no CUDA device; --cpu-smoke runs the same steps through"
-            " Triton's CPU interpreter at small shapes",
-            file=sys.stderr,
-        )
+        print("gpu-report: no CUDA device; --cpu-smoke runs the same steps through "
+              "Triton's CPU interpreter at small shapes", file=sys.stderr)
         return 2
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    t0, log, steps = time.perf_counter(), [], []
-
-    def say(line):
-        print(line, flush=True)
-        log.append(line)
-
-    def save():
-        record = {
-            "schema": "kimi-mlp-gpu-report/1",
-            "cpu_smoke": args.cpu_smoke,
-            "environment": env,
-            "budget_s": args.budget_s,
-            "steps": steps,
-            "seconds": round(time.perf_counter() - t0, 1),
-        }
-        (out / "gpu-report.json").write_text(json.dumps(record, indent=1) + "\n")
-        (out / "gpu-report.log").write_text("\n".join(log) + "\n")
-
     env = environment(args.git_commit)
-    say(
-        f"gpu-report: {env.get('gpu', 'CPU (Triton interpreter)')}, torch"
-        f" {env['torch']}, triton {env['triton']}, commit {env['git_commit']}"
-    )
-    smoke = ["--cpu-smoke"] if args.cpu_smoke else []
+    report = _Report(out, args, env)
+    report.say(f"gpu-report: {env.get('gpu', 'CPU (Triton interpreter)')}, torch "
+               f"{env['torch']}, triton {env['triton']}, commit {env['git_commit']}, "
+               f"steps {','.join(args.steps)}")
     commit = ["--git-commit", env["git_commit"]] if env["git_commit"] else []
-    t = time.perf_counter()
-    rc = gpucheck_main(["--out", str(out), *commit, *smoke])
-    steps.append({
-        "step": "gpucheck",
-        "ok": rc == 0,
-        "rc": rc,
-        "seconds": round(time.perf_counter() - t, 1),
-    })
-    say(f"gpucheck: {'passed' if rc == 0 else f'FAILED (exit status {rc})'}")
-    save()
-    book = _package_dir().parent / "book"
-    for name in args.notebooks:
-        left = args.budget_s - (time.perf_counter() - t0)
-        if not (book / name).is_file():
-            steps.append({
-                "step": f"notebook {name}",
-                "ok": False,
-                "skipped": True,
-                "reason": (
-                    f"{book / name} not found (an installed copy of the "
-                    "package has no notebooks: run from a clone)"
-                ),
-            })
-        else:
-            rehearse = {"KIMI_BOOK_MODE": "rehearsal"} if args.cpu_smoke else {}
-            r = run_notebook(
-                book / name, out / name, timeout_s=max(60.0, left / 2), env=rehearse
-            )
-            steps.append({"step": f"notebook {name}", "ok": r["failed"] is None, **r})
-        s = steps[-1]
-        say(
-            f"{name}: "
-            + (
-                "ran, every cell passed"
-                if s["ok"]
-                else s.get("reason")
-                or f"FAILED at cell {s['failed']['cell']}: {s['failed']['error']}"
-            )
-        )
-        save()
-    from kimi_mlp import harness  # imports kimi_mlp.kernels
-
-    left = args.budget_s - (time.perf_counter() - t0)
-    if left < 30 and not args.cpu_smoke:
-        steps.append({
-            "step": "bench",
-            "ok": False,
-            "skipped": True,
-            "reason": f"{left:.0f} s of the budget left, fewer than 30",
-        })
-    else:
-        t = time.perf_counter()
-        try:
-            record = harness.bench(
-                cpu_smoke=args.cpu_smoke,
-                budget_s=max(left - 20, 10),
-                git_commit=env["git_commit"],
-                log=say,
-            )
-            path = harness.write_record(record, out)
-            ok = all(r["ok"] for r in record["results"])
-            steps.append({
-                "step": "bench",
-                "ok": ok,
-                "file": path.name,
-                "seconds": round(time.perf_counter() - t, 1),
-            })
-        except Exception as e:  # noqa: BLE001  (report it, then finish)
-            steps.append(
-                {"step": "bench", "ok": False, "error": f"{type(e).__name__}: {e}"}
-            )
-    say(f"bench: {'passed' if steps[-1]['ok'] else 'FAILED or skipped'}")
-    ok = all(s["ok"] for s in steps)
-    say(
-        f"gpu-report: {'every step passed' if ok else 'SOME STEPS FAILED'} in "
-        f"{time.perf_counter() - t0:.0f} s; files in {out}"
-    )
-    save()
+    if "gpucheck" in args.steps:
+        _report_gpucheck(report, args, commit)
+    if "notebooks" in args.steps:
+        for name in args.notebooks:
+            _report_notebook(report, args, name)
+    if "bench" in args.steps:
+        _report_bench(report, args, commit)
+    ok = all(s["ok"] for s in report.run["steps"])
+    report.say(f"gpu-report: {'every step passed' if ok else 'SOME STEPS FAILED'} in "
+               f"{time.perf_counter() - report.t0:.0f} s; files in {out}")
     return 0 if ok else 1
 
 

@@ -144,21 +144,27 @@ def slice_block(block: nn.Module, rank: int, world_size: int) -> TensorParallelF
 IMPLS = ("fused", "torch")
 
 
-def ffn_partial(rows: torch.Tensor, t: FfnTensors, impl: str = "fused") -> dict:
+def ffn_partial(rows: torch.Tensor, t: FfnTensors, impl: str = "fused",
+                full_width: int | None = None) -> dict:
     """What one rank computes before the all-reduce, from the tensors `t` of
     `ffn_tensors`. rows: [M, d] bf16, the whole residual stream. Returns `x_fp8` [M, d]
     and `x_scale` [M, d/128] (the normalized input, quantized: the same on every rank),
     `p_fp8` [M, F/P] and `p_scale` [M, F/P/128] (this rank's features of the gated
     product), and `y` [M, d] float32, this rank's share of the down projection.
     impl "fused": chapter 8's kernels, launch 3 in float32 and without its residual;
-    "torch": chapter 5's w8a8 forward."""
+    "torch": chapter 5's w8a8 forward. full_width: the unsharded F, whose plan then
+    fixes the gate/up GEMM's K slices (a shard's own plan may cut K otherwise, and
+    float32 sums in other slices would flip codes of p)."""
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
     gain, eps = t.norm_weight, t.eps
     w = [t.gate, t.gate_scale, t.up, t.up_scale, t.down, t.down_scale]
     if impl == "fused":
         x_fp8, x_scale = kernels.rmsnorm_quant(rows, gain, eps)
-        p_fp8, p_scale = kernels.fp8_gate_up_swiglu_quant(x_fp8, x_scale, *w[:4])
+        split = None if full_width is None else kernels._plan_for(
+            "gate_up", rows.shape[0], full_width, t.hidden_size, rows.device)["split_k"]
+        p_fp8, p_scale = kernels.fp8_gate_up_swiglu_quant(x_fp8, x_scale, *w[:4],
+                                                          split_k=split)
         y = kernels.fp8_gemm(p_fp8, p_scale, *w[4:], out_dtype=torch.float32)
     else:
         x_fp8, x_scale = quantize_activation(rms_norm(rows, gain, eps))
@@ -193,7 +199,7 @@ def tp_ffn_block(h: torch.Tensor, shard: nn.Module, group=None, impl: str = "fus
     t = ffn_tensors(shard)
     _check_hidden(h, t.hidden_size, t.norm_weight.device)
     rows = h.reshape(-1, t.hidden_size).contiguous()
-    p = ffn_partial(rows, t, impl)
+    p = ffn_partial(rows, t, impl, full_width=shard.intermediate_size)
     y = p["y"].to(reduce_dtype)                                # this rank's 128-steps
     if ranks > 1:
         dist.all_reduce(y, op=dist.ReduceOp.SUM, group=group)  # + every other rank's

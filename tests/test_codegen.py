@@ -223,3 +223,49 @@ def test_the_fused_block_compiles_for_sm90a(tmp_path, record_property):
     table = format_table(report)                      # the command printed the table
     assert res.stdout.startswith(table + "\n")
     assert len(table.splitlines()) == 2 + len(report["variants"])
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_89"])
+def test_every_gpu_check_and_benchmark_variant_compiles_without_spills(tmp_path, arch,
+                                                                       record_property):
+    """`inspect --arch A --workload gpucheck,bench`: every launch of appendix C's GPU
+    check (the integer variants included where the hardware's conversions are used)
+    and of the benchmark's Triton providers, at their own token counts (1 to 8192),
+    compiled for Hopper and for Ada. None spills, none needs more shared memory than
+    a block may have, every GEMM is on FP8 tensor cores (wgmma on Hopper, mma.sync
+    k32 on Ada) without a conversion to f16, and the hardware's e4m3 conversion is used
+    exactly where it rounds once (chapter 7's probe, `native_e4m3` in the report)."""
+    path = tmp_path / "codegen.json"
+    cmd = [sys.executable, "-m", "kimi_mlp", "inspect", "--arch", arch, "--workload",
+           "gpucheck,bench", "--json", str(path)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-4000:]
+    report = json.loads(path.read_text())
+    family = codegen.TARGETS[arch][0]
+    assert report["target"] == arch and report["arch"] == family
+    assert {x["workload"] for v in report["variants"] for x in v["launches"]} == {
+        "gpucheck", "bench"}
+    assert set(report["ms"]) == set(codegen.WORKLOADS["gpucheck"][1]) | set(
+        codegen.WORKLOADS["bench"][1])
+    record_property(f"variants for {arch}", len(report["variants"]))
+    native = report["native_e4m3"]
+    for v in report["variants"]:
+        name = (v["kernel"], v["constexprs"])
+        assert v["spill_stores"] == v["spill_loads"] == 0, name
+        assert v["shared"] <= codegen.SHARED_MEM_LIMITS[family], name
+        # NATIVE launches only where the probe found one rounding, and then they
+        # convert with it; the integer roundings leave no e4m3 conversion at all
+        cvt = v["matrix"]["conversions"]["cvt.rn.satfinite.e4m3x2.f32"]
+        if v["constexprs"].get("NATIVE"):
+            assert native, name
+        elif "NATIVE" in v["constexprs"]:
+            assert cvt == 0, name
+        if v["kernel"] in GEMMS:
+            mx = v["matrix"]
+            assert mx["kind"] == ("wgmma" if family == 90 else "mma.sync"), name
+            assert {op["a_type"] for op in mx["ops"]} == {"e4m3"}, name
+            assert mx["fp8_to_f16"] == 0, name
+            if family == 89:
+                assert {op["shape"] for op in mx["ops"]} == {"m16n8k32"}, name
+    table = format_table(report)
+    assert res.stdout.startswith(table + "\n")

@@ -165,6 +165,47 @@ def test_split_in_one_process(impl, rng):
     assert not tp.compare_with_single_rank(mine, ref, p)["within"]
 
 
+def test_shards_cut_k_like_the_unsharded_block(monkeypatch, rng):
+    """On a GPU the planner cuts K by the number of tiles, and a shard has fewer: left
+    alone, its gate/up GEMM would sum other slices, and the quantization groups of p
+    would no longer be the unsharded ones. With the SM count stubbed (8 here makes the
+    cuts differ at these small sizes, as 132 does at Kimi K2's) every rank's groups
+    must still be bit for bit, through ffn_partial and through tp_ffn_block."""
+    from kimi_mlp import kernels
+    monkeypatch.setattr(kernels, "device_sms", lambda device: 8)
+    kernels._plan.cache_clear()
+    cpu = torch.device("cpu")
+    whole = kernels._plan_for("gate_up", 1, 1024, 1024, cpu)["split_k"]
+    half = kernels._plan_for("gate_up", 1, 512, 1024, cpu)["split_k"]
+    assert whole != half                       # the premise: shards would cut otherwise
+    block = random_dense_block(1024, 1024, seed=7)
+    h = torch.randn(1, 1024, generator=rng).to(torch.bfloat16)
+    ref = tp.ffn_partial(h, ffn_tensors(block), "fused")
+    ref["out"] = ref["y"].to(torch.bfloat16) + h
+    down = block.mlp.down_proj
+    ref["abs_terms"] = tp.down_abs_terms(ref["p_fp8"], ref["p_scale"], down.weight,
+                                         down.weight_scale_inv)
+    seen = []
+    real = tp.ffn_partial
+    monkeypatch.setattr(tp, "ffn_partial",
+                        lambda *a, **k: seen.append(k.get("full_width")) or real(*a, **k))
+    parts = []
+    for r in range(2):
+        shard = tp.slice_block(block, r, 2)
+        parts.append(real(h, ffn_tensors(shard), "fused", full_width=1024))
+        with pytest.raises(ValueError, match="group: expected 2 ranks"):
+            tp.tp_ffn_block(h, shard)          # one process: refused before launching
+    tp.tp_ffn_block(h, tp.slice_block(block, 0, 1))
+    assert seen == [1024]                      # tp_ffn_block passes the whole width
+    y = parts[0]["y"] + parts[1]["y"]
+    for r, q in enumerate(parts):
+        mine = dict(q, features=torch.tensor(tp.shard_range(1024, r, 2)), y_float32=y,
+                    out_float32=y.to(torch.bfloat16) + h)
+        c = tp.compare_with_single_rank(mine, ref, 2)
+        assert c["groups"] and c["ok"], (r, c)
+    kernels._plan.cache_clear()
+
+
 def test_one_rank_is_the_unsharded_block(rng):
     block = random_dense_block(256, 1024, seed=6)
     shard = tp.slice_block(block, 0, 1)

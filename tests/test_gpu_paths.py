@@ -1,0 +1,406 @@
+"""The lines only a CUDA device reaches, run on the CPU with the device's answers stubbed.
+
+No GPU runs any of this. What runs is the bookkeeping around the kernels that a GPU would
+reach first: plans made with a device index and its tile table, the refusal of a GPU
+without FP8 tensor cores, the provenance of a GPU, the ceilings, the timer, the sweep's
+timed path and its targets, CUDA graph capture, and what a run cut short leaves behind.
+torch.cuda's queries (name, capability, SM count) answer for a stand-in GPU; timings come
+from a stand-in timer and are never read as measurements.
+"""
+import contextlib
+import functools
+import gc
+import json
+import subprocess
+import sys
+import types
+import weakref
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from kimi_mlp import fused as FU
+from kimi_mlp import harness, kernels, measure
+from kimi_mlp.fused import FusedFp8DenseMLP, fused_ffn_block, random_dense_block
+
+H200 = {"name": "NVIDIA H200", "capability": (9, 0), "sms": 132}
+L4 = {"name": "NVIDIA L4", "capability": (8, 9), "sms": 58}
+A100 = {"name": "NVIDIA A100-SXM4-80GB", "capability": (8, 0), "sms": 108}
+
+
+def _clear_device_caches():
+    for name in ("_cuda_sms", "_cuda_arch", "_tuned_tiles", "_plan"):
+        getattr(kernels, name).cache_clear()
+    kernels._NATIVE_OK.clear()
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch):
+    """torch.cuda answers for one GPU, `gpu` (an H200 until a test changes it); the
+    caches that keep the answers are emptied before and after."""
+    gpu = dict(H200)
+
+    def props(index=None):
+        major, minor = gpu["capability"]
+        return types.SimpleNamespace(
+            name=gpu["name"], major=major, minor=minor,
+            multi_processor_count=gpu["sms"], total_memory=141 * 2**30,
+            L2_cache_size=60 * 2**20)
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: gpu["name"])
+    monkeypatch.setattr(torch.cuda, "get_device_capability",
+                        lambda index=None: gpu["capability"])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    _clear_device_caches()
+    yield gpu
+    _clear_device_caches()
+
+
+CUDA0 = torch.device("cuda", 0)
+
+
+# -- planning with a device index ----------------------------------------------------
+
+
+def test_a_launch_on_a_gpu_plans_with_its_sms_and_its_tile_table(fake_gpu, tmp_path,
+                                                                   monkeypatch):
+    """The first thing every launch on a GPU does: `_plan_for` with a CUDA device, which
+    reads the SM count, the family and the measured tile table of that device."""
+    monkeypatch.delenv(measure.TILES_ENV, raising=False)
+    plan = kernels._plan_for("gate_up", 1, 18432, 7168, CUDA0)
+    assert (plan["num_sms"], plan["arch"]) == (132, 90)
+    assert plan == dict(kernels.plan_gemm("gate_up", 1, 18432, 7168, 132), meta=plan["meta"])
+    # a measured table for this device, named by the environment variable, takes over
+    row = dict(kernels.GEMM_TILES["gemm"][0][1], num_stages=3, split_k=5)
+    table = {"schema": measure.TILES_SCHEMA, "device": "NVIDIA H200",
+             "rows": [{"kind": "gemm", "n": 7168, "k": 18432, "m_max": None,
+                       "config": row}]}
+    path = tmp_path / "NVIDIA_H200.json"
+    path.write_text(json.dumps(table))
+    monkeypatch.setenv(measure.TILES_ENV, str(path))
+    _clear_device_caches()
+    tuned = kernels._plan_for("down", 4, 7168, 18432, CUDA0)
+    assert (tuned["num_stages"], tuned["split_k"]) == (3, 5)
+    # Ada plans from its own table: no swap, no TMA, smaller tiles
+    fake_gpu.update(L4)
+    monkeypatch.delenv(measure.TILES_ENV)
+    _clear_device_caches()
+    ada = kernels._plan_for("gate_up", 4096, 18432, 7168, CUDA0)
+    assert ada["arch"] == 89 and not ada["SWAP"] and not ada["TMA_A"]
+    assert ada["BLOCK_M"] == kernels.ADA_TILES["gate_up"][-1][1]["BLOCK_M"]
+    assert ada["num_sms"] == 58
+
+
+def test_a_gpu_without_fp8_tensor_cores_is_refused_in_one_line(fake_gpu, monkeypatch,
+                                                                capsys):
+    """An A100: the kernels, the module, fused_ffn_block, the GPU check and the
+    benchmark each refuse it in one line naming it, its capability and what is needed,
+    before Triton would stop on the e4m3 type."""
+    fake_gpu.update(A100)
+    what = r"NVIDIA A100-SXM4-80GB \(cuda:0\) has compute capability 8\.0; these kernels " \
+           r"need FP8 tensor cores, compute capability 8\.9 or more"
+    with pytest.raises(RuntimeError, match=what) as e:
+        kernels.device_arch(CUDA0)
+    assert "\n" not in str(e.value)
+    with FakeTensorMode():                  # CUDA tensors without a GPU: no data
+        x = torch.empty(4, 256, dtype=torch.bfloat16, device="cuda")
+        gain = torch.ones(256, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(RuntimeError, match=what):
+        kernels._check_tensor("x", x, torch.bfloat16)
+    block = random_dense_block(256, 640)
+    block.post_attention_layernorm.weight = torch.nn.Parameter(gain, requires_grad=False)
+    for build in (lambda: FusedFp8DenseMLP(block), lambda: fused_ffn_block(x, block)):
+        with pytest.raises(RuntimeError, match=what):
+            build()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for main, name in ((measure.gpucheck_main, "gpucheck"), (harness.main, "bench")):
+        assert main([]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"{name}: NVIDIA A100") and err.count("\n") == 1, err
+    with pytest.raises(RuntimeError, match=what):
+        harness.bench()
+    assert measure.gpu_refusal(CUDA0).startswith("NVIDIA A100")
+    fake_gpu.update(H200)
+    _clear_device_caches()
+    assert measure.gpu_refusal(CUDA0) is None
+
+
+def test_the_probe_reads_one_rounding_or_two():
+    """Chapter 7's `_rounds_once` on the conversions Triton emits: 3.9 for sm_89 and
+    either for sm_90a, one `cvt.rn.satfinite.e4m3x2.f32`; 3.6 for sm_89, f16 first."""
+    one = "cvt.rn.satfinite.e4m3x2.f32 %rs1, %f2, %f1;"
+    two = "cvt.rz.f16.f32 %rs1, %f1;\ncvt.rn.satfinite.e4m3x2.f16x2 %rs3, %r1;"
+    assert kernels._rounds_once(one) and not kernels._rounds_once(two)
+    assert not kernels._rounds_once("mov.b32 %r1, %r2;")
+
+
+def test_environment_describes_the_gpu(fake_gpu, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    env = measure.environment("0" * 40)
+    assert (env["device"], env["gpu"], env["capability"], env["sms"]) == (
+        "cuda", "NVIDIA H200", "9.0", 132)
+    assert env["memory_gib"] == 141.0 and env["l2_bytes"] == 60 * 2**20
+    assert env["git_commit"] == "0" * 40
+
+
+# -- timing, ceilings, the sweep -----------------------------------------------------
+
+
+def stand_in_time_ms(fn, use_graph=False, warmup_ms=25, rep_ms=100):
+    "time_ms's answer, made up: runs fn once and says 2 ms (no number here is measured)."
+    fn()
+    return {"median_ms": 2.0, "p20_ms": 1.9, "p80_ms": 2.1,
+            "timer": "cudagraph" if use_graph else "events"}
+
+
+def test_the_timer_falls_back_to_events_when_capture_is_refused(monkeypatch):
+    import triton.testing
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **k: [1.0, 2.0, 3.0])
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph",
+                        lambda fn, **k: [0.5, 0.6, 0.7])
+    assert measure.time_ms(lambda: None, use_graph=True)["timer"] == "cudagraph"
+
+    def refuse(fn, **kwargs):
+        raise RuntimeError("capture refused")
+
+    monkeypatch.setattr(triton.testing, "do_bench_cudagraph", refuse)
+    t = measure.time_ms(lambda: None, use_graph=True)
+    assert t == {"median_ms": 2.0, "p20_ms": 1.0, "p80_ms": 3.0, "timer": "events"}
+
+
+def test_ceilings_run_their_gpu_lines_on_the_cpu(monkeypatch):
+    """`measure_ceilings` with a stand-in timer at small sizes: the copy and matmul rates
+    are worked out from the timer's 2 ms, and an fp8 product that does not run here is
+    recorded with its one-line reason rather than stopping the benchmark."""
+    monkeypatch.setattr(measure, "time_ms", stand_in_time_ms)
+    c = measure.measure_ceilings(device="cpu", copy_numel=4096, shapes=((32, 64, 128),))
+    assert c["copy_bytes_per_s"] == 2 * 2 * 4096 / 2e-3
+    assert c["bf16_flop_per_s"] == 2 * 32 * 64 * 128 / 2e-3
+    fp8 = [d for d in c["details"] if d["what"].startswith("fp8")]
+    assert len(fp8) == 2
+    for d in fp8:
+        assert ("flop_per_s" in d) != ("error" in d), d
+        assert "\n" not in d.get("error", "")
+    assert c["fp8_flop_per_s"] in (None, 2 * 32 * 64 * 128 / 2e-3)
+
+
+def test_the_timed_sweep_and_its_targets_with_a_stand_in_timer(fake_gpu, monkeypatch,
+                                                                tmp_path, capsys):
+    """bench's timed path (ceilings, each provider timed, each launch timed) on a small
+    block on the CPU, as if a GPU were there; then run_bench judges the targets of the
+    record it gets (check_targets) and writes it."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(harness, "time_ms", stand_in_time_ms)
+    monkeypatch.setattr(measure, "time_ms", stand_in_time_ms)
+    small = functools.partial(measure.measure_ceilings, copy_numel=4096,
+                              shapes=((32, 64, 128),))
+    monkeypatch.setattr(harness, "measure_ceilings", small)
+    record = harness.bench((1, 3), ("fused", "unfused_w8a8"), hidden_size=256,
+                           intermediate_size=640, device="cpu", log=lambda line: None)
+    assert record["kind"] == "measurement" and record["complete"]
+    assert record["ceilings"]["copy_bytes_per_s"] == 2 * 2 * 4096 / 2e-3
+    assert [(r["provider"], r["m"], r["ok"], r["median_ms"]) for r in record["results"]] \
+        == [("fused", 1, True, 2.0), ("unfused_w8a8", 1, True, 2.0),
+            ("fused", 3, True, 2.0), ("unfused_w8a8", 3, True, 2.0)]
+    assert len(record["launches"]) == 6 and {r["timer"] for r in record["launches"]} \
+        == {"cudagraph"}
+    assert record["results"][0]["rel_bound"] > harness.BENCH_BOUNDS["rel_mlp_fused"]
+    monkeypatch.setattr(harness, "bench", lambda *args, **kwargs: record)
+    assert harness.main(["--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "target: " in out and "wrote " in out
+    assert len(list(tmp_path.glob("bench_nvidia-h200_*.json"))) == 1
+
+
+# -- CUDA graphs ---------------------------------------------------------------------
+
+
+class _StandInStream:
+    def wait_stream(self, other):
+        pass
+
+
+def test_a_captured_graph_keeps_every_tensor_its_launches_touch(monkeypatch):
+    """A CUDA graph holds addresses, not tensors. Capture the block's launches (torch's
+    graph API stubbed, every Triton launch recorded instead of run) and check that every
+    tensor a captured launch received is still alive once nothing but the module holds
+    the graph: none of its memory can go to another tensor."""
+    from triton.runtime import interpreter
+    from triton.runtime.jit import JITFunction
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    capturing, touched = [False], []
+
+    def record(self, grid):
+        def launch(*args, **kwargs):
+            if capturing[0]:
+                for a in (*args, *kwargs.values()):
+                    t = a.base if isinstance(a, TensorDescriptor) else a
+                    if isinstance(t, torch.Tensor):
+                        touched.append(weakref.ref(t))
+        return launch
+
+    class Graph:
+        def __init__(self):
+            pass
+
+        def replay(self):
+            pass
+
+    class CaptureInto:
+        def __init__(self, graph):
+            pass
+
+        def __enter__(self):
+            capturing[0] = True
+
+        def __exit__(self, *exc):
+            capturing[0] = False
+
+    for cls in (JITFunction, interpreter.InterpretedFunction):
+        monkeypatch.setattr(cls, "__getitem__", record)
+    monkeypatch.setattr(FU, "_check_capturable", lambda module: None)
+    monkeypatch.setattr(torch.cuda, "Stream", _StandInStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", _StandInStream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", CaptureInto)
+    # 132 SMs: both GEMMs split K at M = 1 here, so there are partials to keep as well
+    monkeypatch.setattr(kernels, "device_sms", lambda device: 132)
+    kernels._plan.cache_clear()
+    module = FusedFp8DenseMLP(random_dense_block(1024, 1024, seed=1))
+    module.capture_graphs((1, 3))
+    kernels._plan.cache_clear()
+    plan = kernels._plan_for("gate_up", 1, 1024, 1024, torch.device("cpu"))
+    assert plan["split_k"] > 1
+    gc.collect()
+    assert touched, "no launch was captured"
+    dead = [r for r in touched if r() is None]
+    assert not dead, f"{len(dead)} of {len(touched)} tensors of captured launches freed"
+    with torch.no_grad():                      # forward replays the stand-in graph
+        module(torch.zeros(1, 1024, dtype=torch.bfloat16))
+
+
+# -- runs cut short ------------------------------------------------------------------
+
+
+def test_tune_writes_its_table_after_every_bucket(fake_gpu, monkeypatch, tmp_path):
+    """A tune run killed after two buckets leaves a file that loads, those two buckets
+    tuned, every other one at the table's row."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(kernels, "INTERPRETED", False)
+    done = []
+
+    class Killed(BaseException):
+        pass
+
+    def bucket(kind, bound, device, sms, rep_ms=50, log=print, arch=90, **kwargs):
+        if len(done) == 2:
+            raise Killed
+        done.append((kind, bound))
+        n, k = harness.TUNE_SHAPES[kind]
+        row = dict(kernels.ARCH_TILES[arch][kind][0][1], num_stages=2)
+        return {"kind": kind, "n": n, "k": k, "m_max": bound, "m_timed": 16,
+                "tuned": True, "median_us": 1.0, "default_us": 1.0, "candidates": 1,
+                "config": row}
+
+    monkeypatch.setattr(harness, "tune_bucket", bucket)
+    out = tmp_path / "tiles.json"
+    with pytest.raises(Killed):
+        harness.tune_main(["--out", str(out)])
+    saved = json.loads(out.read_text())
+    assert [r["tuned"] for r in saved["rows"]] == [True, True] + [False] * 8
+    table = measure.load_tiles(out)
+    assert table.pop("device") == "NVIDIA H200" and len(table) == 2
+
+
+def test_the_report_saves_the_sweep_after_every_m(monkeypatch, tmp_path):
+    """gpu-report's bench step hands the sweep a callback that writes the record after
+    each M, so a sweep killed midway leaves its first M on disk."""
+    class Killed(BaseException):
+        pass
+
+    def sweep(*args, on_update=None, **kwargs):
+        record = harness._new_record((1, 2), ("fused",), 64, 128, False, {}, None)
+        record["results"].append({"provider": "fused", "m": 1, "ok": True})
+        on_update(record)
+        raise Killed
+
+    monkeypatch.setattr(harness, "bench", sweep)
+    with pytest.raises(Killed):
+        measure.gpu_report_main(["--cpu-smoke", "--steps", "bench", "--out",
+                                 str(tmp_path)])
+    saved = list(tmp_path.glob("bench-smoke_*.json"))
+    assert len(saved) == 1 and json.loads(saved[0].read_text())["results"][0]["m"] == 1
+
+
+def test_the_smoke_report_runs_notebooks_with_no_time_limit(monkeypatch, tmp_path):
+    """The CPU rehearsal must not pass or fail with the machine's load: no timeout."""
+    seen = []
+
+    def run(src, dst, timeout_s=None, env=None):
+        seen.append(timeout_s)
+        return {"notebook": src.name, "cells": 1, "failed": None, "seconds": 0.0}
+
+    monkeypatch.setattr(measure, "run_notebook", run)
+    argv = ["--cpu-smoke", "--steps", "notebooks", "--notebooks", "09_benchmarks.ipynb",
+            "--out", str(tmp_path)]
+    assert measure.gpu_report_main(argv) == 0
+    assert seen == [None]
+    report = json.loads((tmp_path / "gpu-report.json").read_text())
+    assert measure.gpu_report_main(argv) == 0          # a second call adds a run
+    report = json.loads((tmp_path / "gpu-report.json").read_text())
+    assert [r["steps"][0]["step"] for r in report["runs"]] == [
+        "notebook 09_benchmarks.ipynb"] * 2
+
+
+# -- the compiled path of the notebook runner -----------------------------------------
+
+
+def _notebook(path, *sources):
+    cells = [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "execution_count": None,
+              "outputs": [], "source": s} for i, s in enumerate(sources)]
+    path.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4,
+                                "nbformat_minor": 5}))
+    return path
+
+
+def test_the_runner_lets_triton_compile_a_cell_s_jit_function(tmp_path):
+    """With TRITON_INTERPRET=0, as gpu-report runs chapter 7 on a GPU, `@triton.jit`
+    reads the function's source through `inspect`, which must find the cell's: the
+    decorator has to succeed (nothing is compiled or launched)."""
+    src = _notebook(tmp_path / "jit.ipynb",
+                    "import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
+                    "def add_one(x_ptr):\n    tl.store(x_ptr, tl.load(x_ptr) + 1)\n\n\n"
+                    "print(type(add_one).__name__, len(add_one.src) > 0)")
+    r = measure.run_notebook(src, tmp_path / "out.ipynb", env={"TRITON_INTERPRET": "0"})
+    assert r["failed"] is None, r
+    out = json.loads((tmp_path / "out.ipynb").read_text())["cells"][0]["outputs"]
+    assert out[0]["text"] == "JITFunction True\n"
+
+
+def test_a_runner_killed_midway_leaves_the_cells_it_ran(tmp_path):
+    """A notebook whose second cell kills its own process, as a time limit would: the
+    executed copy holds the first cell's output, and the result names the cell."""
+    src = _notebook(tmp_path / "kill.ipynb", "print('first')",
+                    "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+                    "print('never')")
+    r = measure.run_notebook(src, tmp_path / "out.ipynb")
+    assert r["failed"]["cell"] == 1 and r["cells"] == 1, r
+    cells = json.loads((tmp_path / "out.ipynb").read_text())["cells"]
+    assert cells[0]["outputs"][0]["text"] == "first\n"
+    assert cells[1]["execution_count"] is None and cells[2]["outputs"] == []
+
+
+def test_mypy_finds_no_undefined_name_or_attribute(tmp_path):
+    """The static check (configuration in pyproject.toml): undefined names, missing
+    module attributes and calls that do not fit, on every line, those only a GPU runs
+    included."""
+    root = measure._package_dir().parent
+    res = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path),
+                          "--config-file", str(root / "pyproject.toml")],
+                         cwd=root, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
