@@ -132,6 +132,7 @@ def _bench_workload(block, h):
         p["fn"](h)
 
 
+_TARGET_OF_PROCESS: dict = {}      # the one target compile_launches compiles for here
 #: What `compile_launches` runs at each M, and at which M by default.
 WORKLOADS = {"block": (_block_workload, INSPECT_M),
              "gpucheck": (_gpucheck_workload, GPUCHECK_M),
@@ -144,7 +145,8 @@ def compile_launches(ms=INSPECT_M, hidden_size: int = 7168,
     """Run each of `workloads` (WORKLOADS' names) at each M of `ms` (None: the
     workload's own) with every Triton launch turned into a compile for
     `target_name(arch)` (`warmup=True`: nothing runs), on stand-in CPU tensors. Needs
-    a process whose kernels were decorated with TRITON_INTERPRET=0 (`inspect_kernels`).
+    a process whose kernels were decorated with TRITON_INTERPRET=0 (`inspect_kernels`),
+    and one target per process: Triton keeps the first target's kernels per device.
 
     Returns one dict per variant (kernel, constexprs, integer specialization, num_warps,
     num_stages): `shared` bytes, ptxas `registers`, `stack`, `spill_stores`,
@@ -163,6 +165,10 @@ def compile_launches(ms=INSPECT_M, hidden_size: int = 7168,
     if kernels.INTERPRETED:
         raise RuntimeError("compile_launches: the kernels were decorated for Triton's "
                            "interpreter (TRITON_INTERPRET=1); use inspect_kernels")
+    if _TARGET_OF_PROCESS.setdefault("arch", arch) != arch:
+        raise RuntimeError(f"compile_launches: this process compiled for "
+                           f"{target_name(_TARGET_OF_PROCESS['arch'])} already, and "
+                           "Triton would reuse those kernels; use inspect_kernels")
     variants, launches, real_run = {}, [], JITFunction.run
 
     def compile_only(self, *args, grid, warmup, **kwargs):

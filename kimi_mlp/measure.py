@@ -1202,7 +1202,7 @@ def _report_bench(report: _Report, args, commit: list) -> None:
 
 def gpu_report_main(argv=None) -> int:
     """`python -m kimi_mlp gpu-report --out DIR`: 0 when every step passed, 1 when one
-    failed, 2 when refused (no GPU and no --cpu-smoke)."""
+    failed, 2 when refused (no GPU and no --cpu-smoke), 130 when interrupted."""
     args = _gpu_report_parser().parse_args(argv)
     if not torch.cuda.is_available() and not args.cpu_smoke:
         print("gpu-report: no CUDA device; --cpu-smoke runs the same steps through "
@@ -1216,13 +1216,20 @@ def gpu_report_main(argv=None) -> int:
                f"{env['torch']}, triton {env['triton']}, commit {env['git_commit']}, "
                f"steps {','.join(args.steps)}")
     commit = ["--git-commit", env["git_commit"]] if env["git_commit"] else []
-    if "gpucheck" in args.steps:
-        _report_gpucheck(report, args, commit)
-    if "notebooks" in args.steps:
-        for name in args.notebooks:
-            _report_notebook(report, args, name)
-    if "bench" in args.steps:
-        _report_bench(report, args, commit)
+    try:
+        if "gpucheck" in args.steps:
+            _report_gpucheck(report, args, commit)
+        if "notebooks" in args.steps:
+            for name in args.notebooks:
+                _report_notebook(report, args, name)
+        if "bench" in args.steps:
+            _report_bench(report, args, commit)
+    except KeyboardInterrupt:              # a time limit's SIGINT: say so, keep the rest
+        report.add({"step": "interrupted", "ok": False,
+                    "reason": "stopped (SIGINT) in the step after the last one recorded; "
+                              "its files hold what it finished"})
+        report.say("gpu-report: INTERRUPTED; files in " + str(out))
+        return 130
     ok = all(s["ok"] for s in report.run["steps"])
     report.say(f"gpu-report: {'every step passed' if ok else 'SOME STEPS FAILED'} in "
                f"{time.perf_counter() - report.t0:.0f} s; files in {out}")

@@ -161,7 +161,7 @@ def ffn_partial(rows: torch.Tensor, t: FfnTensors, impl: str = "fused",
     w = [t.gate, t.gate_scale, t.up, t.up_scale, t.down, t.down_scale]
     if impl == "fused":
         x_fp8, x_scale = kernels.rmsnorm_quant(rows, gain, eps)
-        split = None if full_width is None else kernels._plan_for(
+        split = None if full_width is None or rows.shape[0] == 0 else kernels._plan_for(
             "gate_up", rows.shape[0], full_width, t.hidden_size, rows.device)["split_k"]
         p_fp8, p_scale = kernels.fp8_gate_up_swiglu_quant(x_fp8, x_scale, *w[:4],
                                                           split_k=split)

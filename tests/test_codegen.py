@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from kimi_mlp import codegen
+from kimi_mlp import codegen, kernels
 from kimi_mlp.codegen import (INSPECT_M, SHARED_MEM_LIMIT, format_table,
                               matrix_instructions, matrix_summary, parse_ptxas,
                               ptx_excerpt, shared_buffers)
@@ -267,5 +267,12 @@ def test_every_gpu_check_and_benchmark_variant_compiles_without_spills(tmp_path,
             assert mx["fp8_to_f16"] == 0, name
             if family == 89:
                 assert {op["shape"] for op in mx["ops"]} == {"m16n8k32"}, name
+            # chapter 7's `regs` column holds for every launch, not only the block's
+            kind = "gate_up" if v["kernel"].startswith("_gate") else "gemm"
+            c = v["constexprs"]
+            same = [r["regs"] for _, r in kernels.ARCH_TILES[family][kind]
+                    if (r["SWAP"], r["BLOCK_M"], r["num_warps"], r["num_stages"])
+                    == (c["SWAP"], c["BLOCK_M"], v["num_warps"], v["num_stages"])]
+            assert same and v["registers"] <= max(same), (name, v["registers"], same)
     table = format_table(report)
     assert res.stdout.startswith(table + "\n")

@@ -319,22 +319,21 @@ def test_tune_writes_its_table_after_every_bucket(fake_gpu, monkeypatch, tmp_pat
 
 def test_the_report_saves_the_sweep_after_every_m(monkeypatch, tmp_path):
     """gpu-report's bench step hands the sweep a callback that writes the record after
-    each M, so a sweep killed midway leaves its first M on disk."""
-    class Killed(BaseException):
-        pass
-
+    each M, so a sweep stopped midway (a time limit's SIGINT) leaves its first M on
+    disk, and the report records the interruption."""
     def sweep(*args, on_update=None, **kwargs):
         record = harness._new_record((1, 2), ("fused",), 64, 128, False, {}, None)
         record["results"].append({"provider": "fused", "m": 1, "ok": True})
         on_update(record)
-        raise Killed
+        raise KeyboardInterrupt
 
     monkeypatch.setattr(harness, "bench", sweep)
-    with pytest.raises(Killed):
-        measure.gpu_report_main(["--cpu-smoke", "--steps", "bench", "--out",
-                                 str(tmp_path)])
+    assert measure.gpu_report_main(["--cpu-smoke", "--steps", "bench", "--out",
+                                    str(tmp_path)]) == 130
     saved = list(tmp_path.glob("bench-smoke_*.json"))
     assert len(saved) == 1 and json.loads(saved[0].read_text())["results"][0]["m"] == 1
+    run = json.loads((tmp_path / "gpu-report.json").read_text())["runs"][-1]
+    assert [s["step"] for s in run["steps"]] == ["interrupted"]
 
 
 def test_the_smoke_report_runs_notebooks_with_no_time_limit(monkeypatch, tmp_path):

@@ -214,6 +214,8 @@ def test_one_rank_is_the_unsharded_block(rng):
         block.mlp.mode = "w8a8"
         assert torch.equal(tp.tp_ffn_block(h, shard, impl="torch"), block(h))
         assert torch.equal(shard(h), fused_ffn_block(h, block))      # interpreter
+        none = torch.empty(0, 256, dtype=torch.bfloat16)
+        assert tp.tp_ffn_block(none, shard).shape == (0, 256)        # no tokens
     with pytest.raises(ValueError, match="group: expected 2 ranks"):
         tp.tp_ffn_block(h, tp.slice_block(block, 0, 2))
     with pytest.raises(ValueError, match="impl: expected one of"):
