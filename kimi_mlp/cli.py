@@ -28,10 +28,10 @@ COMMANDS: dict[str, tuple[str, object, object]] = {}  # name -> (help, add_args,
 EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {  # name -> (module, help)
     "bench": ("kimi_mlp.harness", "GPU benchmarks (chapter 9, appendix E)"),
     "gpu-report": (
-        "kimi_mlp.measure",
+        "kimi_mlp.report",
         "everything that needs a GPU, in one run (appendix C)",
     ),
-    "inspect": ("kimi_mlp.codegen", "the kernels compiled for sm_90a (appendix D)"),
+    "inspect": ("kimi_mlp.codegen", "the kernels compiled for a GPU (appendix D)"),
     "tune": ("kimi_mlp.tune", "this GPU's tile table, timed -> JSON (appendix E)"),
     "tp-check": (
         "kimi_mlp.parallel",

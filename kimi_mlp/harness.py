@@ -43,19 +43,17 @@ from kimi_mlp.fused import (
 )
 from kimi_mlp.measure import (
     GRAPH_MAX_M,
-    TILES_SCHEMA,
     _parse_m,
     _reason,
     dequantized_weights,
     gpu_refusal,
     environment,
-    load_tiles,
     measure_ceilings,
     median_ms,
-    tiles_file_name,
     time_ms,
     torch_bf16_ffn,
 )
+from .tiles import TILES_SCHEMA, load_tiles, tiles_file_name
 
 # %% auto #0
 __all__ = ['PROVIDERS', 'SMOKE_SHAPES', 'SMOKE_M', 'BENCH_BOUNDS', 'BENCH_SCHEMA', 'TUNE_SHAPES', 'TUNE_M', 'unfused_w8a8_ffn',

@@ -25,6 +25,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor   # triton >= 3.4
 
 from .fp8 import (ACT_AMAX_EPS, FP8_DTYPE, FP8_MAX, FP8_TENSOR_CORES,
                           quantize_activation)
+from .tiles import tuned_tiles    # appendix C: the per-GPU tables, as data
 
 #: True when the kernels run through Triton's CPU interpreter (TRITON_INTERPRET=1), i.e.
 #: on a machine without CUDA. Nothing is printed or warned about it: read this flag.
@@ -845,7 +846,6 @@ def _tuned_tiles(index):
     "The measured tile table of CUDA device `index` (appendix E), or None."
     if index is None:
         return None
-    from kimi_mlp.measure import tuned_tiles     # appendix C: reads the per-GPU JSON
     return tuned_tiles(torch.cuda.get_device_name(index))
 
 
@@ -976,7 +976,7 @@ def fp8_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, w_fp8: torch.Tensor,
 
 # %% ../book/07_kernels.ipynb #53e5762b
 #: Mantissa bits kept in the tensor cores' running sum, as the GPU bounds assume: 13,
-#: one below the about 14 DeepGEMM reports for Hopper. An assumption, not a measurement.
+#: one below the about 14 the DeepSeek-V3 report gives for the H800. An assumption.
 TC_ACC_BITS = 13
 #: Products summed by one FP8 tensor-core instruction (wgmma ...k32, mma.sync ...k32).
 TC_CHUNK = 32

@@ -21,7 +21,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kimi_mlp import fused as FU
-from kimi_mlp import harness, kernels, measure
+from kimi_mlp import harness, kernels, measure, report, tiles
 from kimi_mlp.fused import FusedFp8DenseMLP, fused_ffn_block, random_dense_block
 
 H200 = {"name": "NVIDIA H200", "capability": (9, 0), "sms": 132}
@@ -68,24 +68,24 @@ def test_a_launch_on_a_gpu_plans_with_its_sms_and_its_tile_table(fake_gpu, tmp_p
                                                                    monkeypatch):
     """The first thing every launch on a GPU does: `_plan_for` with a CUDA device, which
     reads the SM count, the family and the measured tile table of that device."""
-    monkeypatch.delenv(measure.TILES_ENV, raising=False)
+    monkeypatch.delenv(tiles.TILES_ENV, raising=False)
     plan = kernels._plan_for("gate_up", 1, 18432, 7168, CUDA0)
     assert (plan["num_sms"], plan["arch"]) == (132, 90)
     assert plan == dict(kernels.plan_gemm("gate_up", 1, 18432, 7168, 132), meta=plan["meta"])
     # a measured table for this device, named by the environment variable, takes over
     row = dict(kernels.GEMM_TILES["gemm"][0][1], num_stages=3, split_k=5)
-    table = {"schema": measure.TILES_SCHEMA, "device": "NVIDIA H200",
+    table = {"schema": tiles.TILES_SCHEMA, "device": "NVIDIA H200",
              "rows": [{"kind": "gemm", "n": 7168, "k": 18432, "m_max": None,
                        "config": row}]}
     path = tmp_path / "NVIDIA_H200.json"
     path.write_text(json.dumps(table))
-    monkeypatch.setenv(measure.TILES_ENV, str(path))
+    monkeypatch.setenv(tiles.TILES_ENV, str(path))
     _clear_device_caches()
     tuned = kernels._plan_for("down", 4, 7168, 18432, CUDA0)
     assert (tuned["num_stages"], tuned["split_k"]) == (3, 5)
     # Ada plans from its own table: no swap, no TMA, smaller tiles
     fake_gpu.update(L4)
-    monkeypatch.delenv(measure.TILES_ENV)
+    monkeypatch.delenv(tiles.TILES_ENV)
     _clear_device_caches()
     ada = kernels._plan_for("gate_up", 4096, 18432, 7168, CUDA0)
     assert ada["arch"] == 89 and not ada["SWAP"] and not ada["TMA_A"]
@@ -313,7 +313,7 @@ def test_tune_writes_its_table_after_every_bucket(fake_gpu, monkeypatch, tmp_pat
         harness.tune_main(["--out", str(out)])
     saved = json.loads(out.read_text())
     assert [r["tuned"] for r in saved["rows"]] == [True, True] + [False] * 8
-    table = measure.load_tiles(out)
+    table = tiles.load_tiles(out)
     assert table.pop("device") == "NVIDIA H200" and len(table) == 2
 
 
@@ -328,7 +328,7 @@ def test_the_report_saves_the_sweep_after_every_m(monkeypatch, tmp_path):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(harness, "bench", sweep)
-    assert measure.gpu_report_main(["--cpu-smoke", "--steps", "bench", "--out",
+    assert report.gpu_report_main(["--cpu-smoke", "--steps", "bench", "--out",
                                     str(tmp_path)]) == 130
     saved = list(tmp_path.glob("bench-smoke_*.json"))
     assert len(saved) == 1 and json.loads(saved[0].read_text())["results"][0]["m"] == 1
@@ -344,15 +344,14 @@ def test_the_smoke_report_runs_notebooks_with_no_time_limit(monkeypatch, tmp_pat
         seen.append(timeout_s)
         return {"notebook": src.name, "cells": 1, "failed": None, "seconds": 0.0}
 
-    monkeypatch.setattr(measure, "run_notebook", run)
+    monkeypatch.setattr(report, "run_notebook", run)
     argv = ["--cpu-smoke", "--steps", "notebooks", "--notebooks", "09_benchmarks.ipynb",
             "--out", str(tmp_path)]
-    assert measure.gpu_report_main(argv) == 0
+    assert report.gpu_report_main(argv) == 0
     assert seen == [None]
-    report = json.loads((tmp_path / "gpu-report.json").read_text())
-    assert measure.gpu_report_main(argv) == 0          # a second call adds a run
-    report = json.loads((tmp_path / "gpu-report.json").read_text())
-    assert [r["steps"][0]["step"] for r in report["runs"]] == [
+    assert report.gpu_report_main(argv) == 0          # a second call adds a run
+    record = json.loads((tmp_path / "gpu-report.json").read_text())
+    assert [r["steps"][0]["step"] for r in record["runs"]] == [
         "notebook 09_benchmarks.ipynb"] * 2
 
 
@@ -375,7 +374,7 @@ def test_the_runner_lets_triton_compile_a_cell_s_jit_function(tmp_path):
                     "import triton\nimport triton.language as tl\n\n\n@triton.jit\n"
                     "def add_one(x_ptr):\n    tl.store(x_ptr, tl.load(x_ptr) + 1)\n\n\n"
                     "print(type(add_one).__name__, len(add_one.src) > 0)")
-    r = measure.run_notebook(src, tmp_path / "out.ipynb", env={"TRITON_INTERPRET": "0"})
+    r = report.run_notebook(src, tmp_path / "out.ipynb", env={"TRITON_INTERPRET": "0"})
     assert r["failed"] is None, r
     out = json.loads((tmp_path / "out.ipynb").read_text())["cells"][0]["outputs"]
     assert out[0]["text"] == "JITFunction True\n"
@@ -387,7 +386,7 @@ def test_a_runner_killed_midway_leaves_the_cells_it_ran(tmp_path):
     src = _notebook(tmp_path / "kill.ipynb", "print('first')",
                     "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
                     "print('never')")
-    r = measure.run_notebook(src, tmp_path / "out.ipynb")
+    r = report.run_notebook(src, tmp_path / "out.ipynb")
     assert r["failed"]["cell"] == 1 and r["cells"] == 1, r
     cells = json.loads((tmp_path / "out.ipynb").read_text())["cells"]
     assert cells[0]["outputs"][0]["text"] == "first\n"
@@ -398,7 +397,7 @@ def test_mypy_finds_no_undefined_name_or_attribute(tmp_path):
     """The static check (configuration in pyproject.toml): undefined names, missing
     module attributes and calls that do not fit, on every line, those only a GPU runs
     included."""
-    root = measure._package_dir().parent
+    root = tiles._package_dir().parent
     res = subprocess.run([sys.executable, "-m", "mypy", "--cache-dir", str(tmp_path),
                           "--config-file", str(root / "pyproject.toml")],
                          cwd=root, capture_output=True, text=True)

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from kimi_mlp import measure
+from kimi_mlp import measure, report
 
 
 def run_fresh(code: str, **env) -> subprocess.CompletedProcess:
@@ -82,7 +82,7 @@ def test_run_notebook_keeps_outputs_and_stops_at_the_first_error(tmp_path):
     src = tmp_path / "t.ipynb"
     src.write_text(json.dumps({"cells": cells, "metadata": {}, "nbformat": 4,
                                "nbformat_minor": 5}))
-    r = measure.run_notebook(src, tmp_path / "out.ipynb", timeout_s=120)
+    r = report.run_notebook(src, tmp_path / "out.ipynb", timeout_s=120)
     assert r["failed"] == {"cell": 3, "error": "ValueError: broken on purpose"} and r["cells"] == 3
     nb = json.loads((tmp_path / "out.ipynb").read_text())
     a, b, c, d = nb["cells"][1:]
@@ -100,9 +100,9 @@ def test_gpu_report_smoke_rehearses_chapters_7_to_9(tmp_path):
     rehearsal (their GPU code, at the small widths, through the interpreter) and the smoke
     sweep; every step must pass and everything lands under --out (at most 8 files). A smoke run
     has no time limit, so the machine's load cannot fail it."""
-    rc = measure.gpu_report_main(["--cpu-smoke", "--out", str(tmp_path)])
-    report = json.loads((tmp_path / "gpu-report.json").read_text())
-    (run,) = report["runs"]
+    rc = report.gpu_report_main(["--cpu-smoke", "--out", str(tmp_path)])
+    record = json.loads((tmp_path / "gpu-report.json").read_text())
+    (run,) = record["runs"]
     failed = [s for s in run["steps"] if not s["ok"]]
     assert rc == 0 and not failed, failed
     assert [s["step"] for s in run["steps"]] == [
@@ -119,5 +119,5 @@ def test_gpu_report_smoke_rehearses_chapters_7_to_9(tmp_path):
 def test_gpu_report_refuses_without_a_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    assert measure.gpu_report_main(["--out", "/nonexistent/never-written"]) == 2
+    assert report.gpu_report_main(["--out", "/nonexistent/never-written"]) == 2
     assert "no CUDA device" in capsys.readouterr().err

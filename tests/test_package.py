@@ -2,6 +2,7 @@
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import kimi_mlp
 
@@ -45,3 +46,46 @@ def test_import_needs_no_authoring_tools():
 def test_public_api():
     missing = [name for name in PUBLIC_API if not hasattr(kimi_mlp, name)]
     assert not missing, f"kimi_mlp does not export {missing}"
+
+
+def _imported_modules(path: Path, package: set[str]) -> set[str]:
+    "The package's modules `path` imports, anywhere in it (inside functions too)."
+    import ast
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[1] for a in node.names
+                    if a.name.startswith("kimi_mlp.")}
+        elif isinstance(node, ast.ImportFrom):
+            mod = node.module or ""
+            if node.level == 1 and mod:
+                out.add(mod.split(".")[0])
+            elif node.level == 1 or mod == "kimi_mlp":
+                out |= {a.name for a in node.names}
+            elif mod.startswith("kimi_mlp."):
+                out.add(mod.split(".")[1])
+    return (out & package) - {path.stem}
+
+
+def test_the_import_graph_has_no_cycle():
+    """Modules import only downward: chapters from earlier chapters, appendices from the
+    chapters, never the other way round, counting imports inside functions as well (a
+    cycle there breaks the first call that takes it, which may be a GPU's)."""
+    root = Path(kimi_mlp.__file__).resolve().parent
+    files = {p.stem: p for p in root.glob("*.py") if p.stem not in ("__init__", "__main__")}
+    edges = {m: _imported_modules(p, set(files)) for m, p in files.items()}
+    state, cycles = {}, []
+
+    def visit(m, path):
+        state[m] = "open"
+        for n in sorted(edges[m]):
+            if state.get(n) == "open":
+                cycles.append(" -> ".join(path[path.index(n):] + [m, n]))
+            elif n not in state:
+                visit(n, path + [m])
+        state[m] = "done"
+
+    for m in sorted(files):
+        if m not in state:
+            visit(m, [])
+    assert not cycles, cycles

@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from kimi_mlp import harness, kernels, measure
-from kimi_mlp.measure import (TILES_ENV, TILES_SCHEMA, load_tiles, tiles_file_name,
-                              tuned_tiles)
+from kimi_mlp import harness, kernels, measure, tiles
+from kimi_mlp.tiles import (TILES_ENV, TILES_SCHEMA, load_tiles, tiles_file_name,
+                            tuned_tiles)
 
 ROW = {"kind": "gemm", "n": 7168, "k": 18432, "m_max": 16,
        "config": dict(kernels.GEMM_TILES["gemm"][0][1], num_stages=3, split_k=5)}
@@ -38,7 +38,7 @@ def test_a_table_is_read_and_plan_gemm_uses_it(tmp_path):
 def test_the_environment_variable_overrides_the_package(tmp_path, monkeypatch):
     pkg = tmp_path / "pkg"
     (pkg / "configs").mkdir(parents=True)
-    monkeypatch.setattr(measure, "_package_dir", lambda: pkg)
+    monkeypatch.setattr(tiles, "_package_dir", lambda: pkg)
     monkeypatch.delenv(TILES_ENV, raising=False)
     assert tuned_tiles("NVIDIA H200") is None                 # nothing shipped: defaults
     write(pkg / "configs" / "NVIDIA_H200.json", [ROW, LAST])
