@@ -37,7 +37,7 @@ __all__ = ['GRAPH_MAX_M', 'CEILING_SHAPES', 'GPUCHECK_BOUNDS', 'TENSOR_CORE_CHEC
            'book_mode', 'gpu_refusal', 'poisoned_allocations', 'time_ms', 'median_ms', 'environment',
            'measure_ceilings', 'load_ceilings', 'rate', 'dequantized_weights', 'torch_bf16_ffn', 'tensor_core_shares',
            'checked_launches', 'normed_and_quantized', 'check_block_once', 'rounding_outputs', 'native_matches_integer',
-           'gpucheck_main', 'launches_stubbed', 'host_time_us']
+           'time_block', 'gpucheck_main', 'launches_stubbed', 'host_time_us']
 
 # %% ../book/appendix_c_measuring.ipynb #c72171b0
 @dataclass(frozen=True)
@@ -516,10 +516,10 @@ def check_block_once(block: nn.Module, h: torch.Tensor,
         r["norm_vs_rms_norm"] = relative_error(normed, x_ref)
         g = fp8_linear_w8a8(x_ref, t.gate, t.gate_scale, out_dtype=torch.float32)
         u = fp8_linear_w8a8(x_ref, t.up, t.up_scale, out_dtype=torch.float32)
-        g_k, (a_fp8, a_scale), out = checked_launches(block, h, ref_fp8, ref_scale)
+        g_k, (p_fp8, p_scale), out = checked_launches(block, h, ref_fp8, ref_scale)
         r["fp8_gemm"] = relative_error(g_k, g)
-        a = a_fp8.float() * a_scale.repeat_interleave(128, dim=-1)[:, :t.gate.shape[0]]
-        r["swiglu_act"] = relative_error(a, F.silu(g) * u)
+        p = p_fp8.float() * p_scale.repeat_interleave(128, dim=-1)[:, :t.gate.shape[0]]
+        r["swiglu_act"] = relative_error(p, F.silu(g) * u)
         mode = mlp.mode
         try:
             mlp.mode = "w8a8"
@@ -618,6 +618,19 @@ def _gpucheck_parser() -> argparse.ArgumentParser:
     return p
 
 
+def time_block(fused, block: nn.Module, w16: dict, h: torch.Tensor, graph: bool,
+               rep_ms: int) -> dict:
+    """The GPU check's two timings on h: the fused module and torch bf16 on the
+    dequantized weights `w16`, each run once first (compiling); CUDA graphs if
+    `graph`."""
+    with torch.no_grad():
+        fused(h), torch_bf16_ffn(h, block, w16)
+        fused_ms, timer = median_ms(lambda: fused(h), graph, rep_ms=rep_ms)
+        bf16_ms, _ = median_ms(lambda: torch_bf16_ffn(h, block, w16), graph,
+                               rep_ms=rep_ms)
+    return {"fused_ms": fused_ms, "torch_bf16_ms": bf16_ms, "timer": timer}
+
+
 def _earlier_rows(out: Path, kind: str, shapes: dict, ms) -> list:
     """The rows an earlier run left in `out`/gpucheck.json for other M (same kind of
     run, same shapes): a check split over several calls ends in one file."""
@@ -705,13 +718,8 @@ def gpucheck_main(argv=None) -> int:
             r.pop("out")
             r["fused_ms"] = r["torch_bf16_ms"] = r["timer"] = None
             if timed:
-                with torch.no_grad():
-                    graph = m <= args.graph_max_m
-                    fused(h), torch_bf16_ffn(h, block, w16)        # compile first
-                    r["fused_ms"], r["timer"] = median_ms(lambda: fused(h), graph,
-                                                          rep_ms=args.rep_ms)
-                    bf16 = lambda: torch_bf16_ffn(h, block, w16)
-                    r["torch_bf16_ms"], _ = median_ms(bf16, graph, rep_ms=args.rep_ms)
+                r.update(time_block(fused, block, w16, h, m <= args.graph_max_m,
+                                    args.rep_ms))
         except Exception as e:                     # report it, go on with the next M
             msg = str(e).strip().splitlines()
             rows.append({"m": m, "ok": False,

@@ -402,3 +402,64 @@ def test_mypy_finds_no_undefined_name_or_attribute(tmp_path):
                           "--config-file", str(root / "pyproject.toml")],
                          cwd=root, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
+
+
+def test_the_hardware_conversions_are_decided_once_per_gpu(fake_gpu, monkeypatch):
+    """`_native` on a CUDA device: the probe's answer for that GPU's target, asked once
+    and kept per device (the probe itself compiles for real in test_codegen)."""
+    import triton
+    asked = []
+    monkeypatch.setattr(kernels, "NATIVE", True)
+    monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(triton.runtime.driver, "_active", types.SimpleNamespace(
+        get_current_target=lambda: ("cuda", 89, 32)), raising=False)
+    monkeypatch.setattr(type(triton.runtime.driver), "active",
+                        property(lambda self: self._active), raising=False)
+    monkeypatch.setattr(kernels, "_e4m3_rounds_once",
+                        lambda target: asked.append(target) or False)
+    assert kernels._native(CUDA0) is False and kernels._native(CUDA0) is False
+    assert asked == [("cuda", 89, 32)]
+    monkeypatch.setattr(kernels, "NATIVE", False)             # switched off: integer
+    assert kernels._native(torch.device("cuda", 1)) is False and len(asked) == 1
+
+
+def test_rate_and_the_checks_timings_with_a_stand_in_timer(monkeypatch):
+    """The chapters' timing line (`rate`) and the GPU check's two timings, on the CPU."""
+    monkeypatch.setattr(measure, "time_ms", stand_in_time_ms)
+    ceilings = {"copy_bytes_per_s": 4e12, "bf16_flop_per_s": 8e14, "fp8_flop_per_s": 16e14}
+    r = measure.rate(lambda: None, bytes_moved=4e9, flop=1.6e12, ceilings=ceilings)
+    assert r["median_ms"] == 2.0 and r["tb_per_s"] == pytest.approx(2.0)
+    assert r["floor_ms"] == pytest.approx(1.0) and "reached at 50%" in r["line"]
+    block = random_dense_block(256, 640, seed=2)
+    h = torch.randn(3, 256).to(torch.bfloat16)
+    t = measure.time_block(FusedFp8DenseMLP(block), block, measure.dequantized_weights(block),
+                           h, True, 10)
+    assert t == {"fused_ms": 2.0, "torch_bf16_ms": 2.0, "timer": "cudagraph"}
+
+
+def test_a_tune_bucket_is_checked_then_timed(monkeypatch):
+    """tune_bucket's timed path with a stand-in timer: every candidate passes the check
+    against the first, and the fastest (here all equal: the first) is kept."""
+    monkeypatch.setattr(harness, "time_ms", stand_in_time_ms)
+    row = harness.tune_bucket("gemm", 16, "cpu", 132, m=3, n_k=(256, 384),
+                              log=lambda line: None)
+    assert row["median_us"] == row["default_us"] == 2000.0
+    assert row["config"] == harness.tile_candidates("gemm", 16)[0]
+    assert row["candidates"] == len(harness.tile_candidates("gemm", 16))
+
+
+def test_a_report_on_a_gpu_gives_a_notebook_what_is_left_of_its_budget(fake_gpu,
+                                                                      monkeypatch,
+                                                                      tmp_path):
+    seen = []
+
+    def run(src, dst, timeout_s=None, env=None):
+        seen.append(timeout_s)
+        return {"notebook": src.name, "cells": 1, "failed": None, "seconds": 0.0}
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(report, "run_notebook", run)
+    argv = ["--steps", "notebooks", "--notebooks", "09_benchmarks.ipynb", "--budget-s",
+            "300", "--out", str(tmp_path)]
+    assert report.gpu_report_main(argv) == 0
+    assert len(seen) == 1 and 200 < seen[0] <= 300
