@@ -17,7 +17,7 @@ from .rmsnorm import RMSNorm, rms_norm
 
 # %% auto #0
 __all__ = ['SCRATCH_MAX_M', 'FfnTensors', 'ffn_tensors', 'fused_ffn_block', 'FusedFp8DenseMLP', 'deepgemm_measure',
-           'tensor_core_share', 'random_dense_block', 'fused_launch_costs', 'unfused_launch_costs', 'launch_floor_s']
+           'tensor_core_shares', 'random_dense_block', 'fused_launch_costs', 'unfused_launch_costs', 'launch_floor_s']
 
 # %% ../book/08_fused_mlp.ipynb #0d2c1f39
 @dataclass(frozen=True)
@@ -337,18 +337,22 @@ def deepgemm_measure(x: torch.Tensor, y: torch.Tensor) -> float:
     return (1 - 2 * (x * y).sum() / (x * x + y * y).sum()).item()
 
 
-def tensor_core_share(block: nn.Module, h: torch.Tensor, rows: int = 256) -> float:
-    """What a GPU's tensor cores may add to the relative error of the block's MLP part
-    `out - h` (h: [..., d] bf16): twice chapter 7's model's error (`TC_ACC_BITS`) on
-    its first `rows` tokens, carried through the quantized p and the bf16 output."""
+def tensor_core_shares(block: nn.Module, h: torch.Tensor, rows: int = 256) -> dict:
+    """What a GPU's tensor cores may add to three relative errors on h ([..., d]
+    bf16): twice chapter 7's model's error (`TC_ACC_BITS`) against exact steps, on h's
+    first `rows` tokens. "gemm": on g = x @ gate^T; "p": on silu(g) * u; "block": on the
+    block's MLP part `out - h`, through p's quantization and the bf16 output."""
     t = ffn_tensors(block)
     x = h.reshape(-1, t.hidden_size)[:rows]
     x8, xs = (v.to(x.device) for v in quantize_activation(
         rms_norm(x, t.norm_weight, t.eps).cpu()))
     ws = (t.gate, t.gate_scale, t.up, t.up_scale, t.down, t.down_scale)
-    part = {bits: (x + kernels.tensor_core_mlp(x8, xs, *ws, bits)[1].to(x.dtype)) - x
-            for bits in (kernels.TC_ACC_BITS, None)}
-    return 2 * relative_error(part[kernels.TC_ACC_BITS], part[None])
+    model, exact = (kernels.tensor_core_mlp(x8, xs, *ws, acc_bits=bits)
+                    for bits in (kernels.TC_ACC_BITS, None))
+    part = lambda y: (x + y.to(x.dtype)) - x
+    share = lambda a, b: 2 * relative_error(a, b)
+    return {"gemm": share(model["g"], exact["g"]), "p": share(model["p"], exact["p"]),
+            "block": share(part(model["y"]), part(exact["y"]))}
 
 # %% ../book/08_fused_mlp.ipynb #21d5af1d
 def random_dense_block(hidden_size: int = 7168, intermediate_size: int = 18432,

@@ -39,7 +39,7 @@ from kimi_mlp.fused import (
     fused_launch_costs,
     launch_floor_s,
     random_dense_block,
-    tensor_core_share,
+    tensor_core_shares,
 )
 from kimi_mlp.measure import (
     GRAPH_MAX_M,
@@ -214,7 +214,7 @@ def check_output(
     BENCH_BOUNDS: DeepGEMM's measure on the block output against w8a16 (`torch_bf16`
     itself: against w8a8), and the relative error of the MLP part `out - h` against
     w8a8; the fused block's bound plus `share`, the tensor cores' (chapter 8's
-    `tensor_core_share`)."""
+    `tensor_core_shares`)."""
     dg = deepgemm_measure(out, ref8 if name == "torch_bf16" else ref16)
     rel = relative_error(out - h, ref8 - h)
     bound = (BENCH_BOUNDS["rel_mlp_fused"] + share if name == "fused"
@@ -342,7 +342,7 @@ def _bench_m(record, block, provs, w16, h, timer) -> list[str]:
         block.mlp.mode = "w8a8"
         ref8 = block(h)
         block.mlp.mode = mode
-        share = tensor_core_share(block, h) if "fused" in provs else 0.0
+        share = tensor_core_shares(block, h)["block"] if "fused" in provs else 0.0
         cells = [_time_provider(record, name, p, h, ref16, ref8, share, timer)
                  if p["available"] else "skipped" for name, p in provs.items()]
         if any(r["provider"] == "fused" and r["m"] == h.shape[0] and r["ok"]

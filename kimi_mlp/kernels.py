@@ -25,6 +25,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor   # triton >= 3.4
 
 from .fp8 import (ACT_AMAX_EPS, FP8_DTYPE, FP8_MAX, FP8_TENSOR_CORES,
                           quantize_activation)
+from .swiglu import silu          # chapter 4: the reference's SiLU
 from .tiles import tuned_tiles    # appendix C: the per-GPU tables, as data
 
 #: True when the kernels run through Triton's CPU interpreter (TRITON_INTERPRET=1), i.e.
@@ -140,14 +141,18 @@ def _native(device: torch.device) -> bool:
     which give torch's codes on every GPU (a few more instructions)."""
     if not NATIVE:
         return False
-    target = lambda: triton.runtime.driver.active.get_current_target()
     if device.type != "cuda":                    # compiling for a GPU that is not here
-        return _e4m3_rounds_once(target())
+        return _e4m3_rounds_once(_current_target())
     ok = _NATIVE_OK.get(device.index)
-    if ok is None:
+    if ok is None:                               # the first launch on this GPU
         with torch.cuda.device(_cuda_index(device)):
-            ok = _NATIVE_OK[device.index] = _e4m3_rounds_once(target())
+            ok = _NATIVE_OK[device.index] = _e4m3_rounds_once(_current_target())
     return ok
+
+
+def _current_target():
+    "The GPU Triton compiles for now, as its `GPUTarget`."
+    return triton.runtime.driver.active.get_current_target()
 
 # %% ../book/07_kernels.ipynb #f754cb22
 def _check_tensor(name, t, dtypes, shape=None, device=None, row_stride_ok=False):
@@ -1021,16 +1026,19 @@ def tensor_core_error(a_fp8, a_scale, w_fp8, w_scale, rows: int = 256) -> float:
     return ((model - exact).norm() / exact.norm()).item()
 
 
-def tensor_core_mlp(x_fp8, x_scale, gate_w, gate_scale, up_w, up_scale, down_w,
-                    down_scale, acc_bits: int | None = TC_ACC_BITS) -> tuple:
-    """The model carried through the MLP from a quantized x [M, d]: `(p, y)`, p =
-    silu(g) * u [M, F] fp32 and y = down(quantize(p)) [M, d] fp32, every GEMM by
-    `tensor_core_matmul` (acc_bits=None: exact steps, the w8a8 reference's)."""
+def tensor_core_mlp(x_fp8, x_scale, gate_w, gate_scale, up_w, up_scale, down_w=None,
+                    down_scale=None, acc_bits: int | None = TC_ACC_BITS) -> dict:
+    """The model carried through the MLP from a quantized x [M, d], every GEMM by
+    `tensor_core_matmul` (acc_bits=None: exact steps, the w8a8 reference's): a dict of
+    g and u [M, F], p = silu(g) * u, and, given the down weight, y = down(quantize(p))
+    [M, d], all fp32."""
     g = tensor_core_matmul(x_fp8, x_scale, gate_w, gate_scale, acc_bits)
     u = tensor_core_matmul(x_fp8, x_scale, up_w, up_scale, acc_bits)
-    p = g / (1 + torch.exp(-g)) * u
-    p_fp8, p_scale = (v.to(p.device) for v in quantize_activation(p.cpu()))  # IEEE /
-    return p, tensor_core_matmul(p_fp8, p_scale, down_w, down_scale, acc_bits)
+    out = {"g": g, "u": u, "p": silu(g) * u}
+    if down_w is not None:
+        p_fp8, p_scale = (v.to(g.device) for v in quantize_activation(out["p"].cpu()))
+        out["y"] = tensor_core_matmul(p_fp8, p_scale, down_w, down_scale, acc_bits)
+    return out
 
 # %% ../book/07_kernels.ipynb #89e7aa13
 @triton.jit

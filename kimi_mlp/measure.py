@@ -35,9 +35,9 @@ from .tiles import (TILES_ENV, TILES_SCHEMA, _package_dir, load_tiles,
 # %% auto #0
 __all__ = ['GRAPH_MAX_M', 'CEILING_SHAPES', 'GPUCHECK_BOUNDS', 'TENSOR_CORE_CHECKS', 'GPUCHECK_M', 'GPUCHECK_SMOKE_M', 'BookMode',
            'book_mode', 'gpu_refusal', 'poisoned_allocations', 'time_ms', 'median_ms', 'environment',
-           'measure_ceilings', 'load_ceilings', 'rate', 'dequantized_weights', 'torch_bf16_ffn', 'tensor_core_shares',
-           'checked_launches', 'normed_and_quantized', 'check_block_once', 'rounding_outputs', 'native_matches_integer',
-           'time_block', 'gpucheck_main', 'launches_stubbed', 'host_time_us']
+           'measure_ceilings', 'load_ceilings', 'rate', 'dequantized_weights', 'torch_bf16_ffn', 'checked_launches',
+           'normed_and_quantized', 'check_block_once', 'rounding_outputs', 'native_matches_integer', 'time_block',
+           'gpucheck_main', 'launches_stubbed', 'host_time_us']
 
 # %% ../book/appendix_c_measuring.ipynb #c72171b0
 @dataclass(frozen=True)
@@ -446,27 +446,11 @@ def torch_bf16_ffn(h: torch.Tensor, block: nn.Module, w: dict) -> torch.Tensor:
 GPUCHECK_BOUNDS = {"norm_vs_rms_norm": 2.0 ** -8, "fp8_gemm": 1e-2,
                    "swiglu_act": 2.0 ** -4, "block_vs_w8a8": 1e-2,
                    "deepgemm_vs_w8a16": 1e-3, "deepgemm_mlp_part": 2.0 ** -9}
-#: The checks on tensor-core sums; each bound gets their share (`tensor_core_shares`).
-TENSOR_CORE_CHECKS = ("fp8_gemm", "swiglu_act", "block_vs_w8a8")
+#: The checks on tensor-core sums, with the share of chapter 8's `tensor_core_shares`
+#: that each bound gets on a GPU (computed on every run: under the interpreter, whose
+#: steps are exact, it only loosens the bounds a little).
+TENSOR_CORE_CHECKS = {"fp8_gemm": "gemm", "swiglu_act": "p", "block_vs_w8a8": "block"}
 
-
-def tensor_core_shares(block: nn.Module, h: torch.Tensor, x_fp8, x_scale) -> dict:
-    """What the tensor cores may add to each of TENSOR_CORE_CHECKS on input h [M, d]
-    with its quantized x: twice chapter 7's model's error (`TC_ACC_BITS` mantissa
-    bits, first 256 tokens) on the GEMM, on p, and on the block's MLP part. Computed
-    on every run; under the interpreter, whose steps are exact, it only loosens the
-    bounds a little."""
-    from kimi_mlp import kernels
-    from kimi_mlp.fused import ffn_tensors, tensor_core_share
-    t, x8, xs, n = ffn_tensors(block), x_fp8[:256], x_scale[:256], kernels.TC_ACC_BITS
-
-    def p(bits):                                       # silu(g) * u in the model
-        g = kernels.tensor_core_matmul(x8, xs, t.gate, t.gate_scale, bits)
-        return F.silu(g) * kernels.tensor_core_matmul(x8, xs, t.up, t.up_scale, bits)
-
-    return {"fp8_gemm": 2 * kernels.tensor_core_error(x8, xs, t.gate, t.gate_scale),
-            "swiglu_act": 2 * relative_error(p(n), p(None)),
-            "block_vs_w8a8": tensor_core_share(block, h)}
 
 # %% ../book/appendix_c_measuring.ipynb #5b2e7d44
 def checked_launches(block: nn.Module, h: torch.Tensor, x_fp8, x_scale) -> tuple:
@@ -498,7 +482,7 @@ def check_block_once(block: nn.Module, h: torch.Tensor,
     errors, `bounds` (GPUCHECK_BOUNDS plus the tensor cores' shares), the verdicts
     (`ok`), `native_bitexact` (`native_matches_integer`) and `out`, the fused block's
     output (computed with poisoned allocations)."""
-    from kimi_mlp.fused import deepgemm_measure, ffn_tensors
+    from kimi_mlp.fused import deepgemm_measure, ffn_tensors, tensor_core_shares
     t, norm, mlp, r = ffn_tensors(block), block.post_attention_layernorm, block.mlp, {}
     r["m"] = h.shape[0]
     with torch.no_grad():
@@ -532,8 +516,8 @@ def check_block_once(block: nn.Module, h: torch.Tensor,
         r["deepgemm_vs_w8a16"] = deepgemm_measure(out, ref16)
         r["deepgemm_mlp_part"] = deepgemm_measure(out - h, ref16 - h)
         r["native_bitexact"] = native_matches_integer(block, h)
-        shares = tensor_core_shares(block, h, ref_fp8, ref_scale)
-    r["bounds"] = bounds = {k: b + shares.get(k, 0.0)
+        shares = tensor_core_shares(block, h)
+    r["bounds"] = bounds = {k: b + shares.get(TENSOR_CORE_CHECKS.get(k), 0.0)
                             for k, b in GPUCHECK_BOUNDS.items()}
     r["ok"] = bool(r["norm_quant_bitexact"] and r["native_bitexact"] is not False
                    and all(r[k] < b if k.startswith("deepgemm") else r[k] <= b

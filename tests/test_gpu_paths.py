@@ -463,3 +463,25 @@ def test_a_report_on_a_gpu_gives_a_notebook_what_is_left_of_its_budget(fake_gpu,
             "300", "--out", str(tmp_path)]
     assert report.gpu_report_main(argv) == 0
     assert len(seen) == 1 and 200 < seen[0] <= 300
+
+
+@pytest.mark.parametrize("step, expected", [
+    ("check-decode", "--steps gpucheck --m 1,3,16,33"),
+    ("check-prefill", "--steps gpucheck --m 128,512,1024,4096"),
+    ("bench", "--steps bench --budget-s 350"),
+    ("ch9", "--steps notebooks --notebooks 09_benchmarks.ipynb --budget-s 410"),
+])
+def test_the_gpu_day_steps_call_the_report(tmp_path, step, expected):
+    """tools/gpu_day.sh, with `echo` standing in for Python: each step is one gpu-report
+    call into OUT, under the time limit, with its budget below it."""
+    root = tiles._package_dir().parent
+    env = {"PATH": "/usr/bin:/bin", "PYTHON": "echo", "GIT_COMMIT": "abc"}
+    res = subprocess.run(["bash", str(root / "tools" / "gpu_day.sh"), step,
+                          str(tmp_path / "out")], capture_output=True, text=True,
+                         env=env)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == (f"-m kimi_mlp gpu-report --out {tmp_path / 'out'} "
+                                  f"--git-commit abc {expected}")
+    bad = subprocess.run(["bash", str(root / "tools" / "gpu_day.sh"), "warm",
+                          str(tmp_path / "out")], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and "unknown step 'warm'" in bad.stderr

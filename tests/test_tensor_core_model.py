@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from kimi_mlp import kernels, measure
 from kimi_mlp.fp8 import (fp8_matmul_blockwise, quantize_activation,
                           quantize_weight_blockwise)
-from kimi_mlp.fused import ffn_tensors, random_dense_block, tensor_core_share
+from kimi_mlp.fused import ffn_tensors, random_dense_block, tensor_core_shares
 from kimi_mlp.rmsnorm import rms_norm
 
 
@@ -62,8 +62,10 @@ def test_the_model_error_at_the_gemm_shapes(rng):
         assert 2.0**-15 < e <= 2.0**-12, (k, e)
     a, a_s, w, w_s = operands(2, 256, 7168, rng)
     _, _, u, u_s = operands(2, 256, 7168, rng)
-    p = {b: F.silu(kernels.tensor_core_matmul(a, a_s, w, w_s, b))
-         * kernels.tensor_core_matmul(a, a_s, u, u_s, b) for b in (13, None)}
+    p = {b: kernels.tensor_core_mlp(a, a_s, w, w_s, u, u_s, acc_bits=b)["p"]
+         for b in (13, None)}
+    assert torch.equal(p[None], F.silu(fp8_matmul_blockwise(a, a_s, w, w_s))
+                       * fp8_matmul_blockwise(a, a_s, u, u_s))      # the reference's p
     e_p = rel(p[13], p[None])
     assert 1e-4 < e_p < 2.0**-11, e_p
 
@@ -93,19 +95,17 @@ def test_a_gpu_that_sums_like_the_model_passes_the_gpu_check(monkeypatch):
 
     def model_launches(block_, h_, x_fp8, x_scale):
         g = kernels.tensor_core_matmul(x_fp8, x_scale, t.gate, t.gate_scale, n)
-        p, _ = kernels.tensor_core_mlp(x_fp8, x_scale, t.gate, t.gate_scale, t.up,
-                                       t.up_scale, t.down, t.down_scale, n)
+        p = kernels.tensor_core_mlp(x_fp8, x_scale, t.gate, t.gate_scale, t.up,
+                                    t.up_scale, acc_bits=n)["p"]
         x8, xs = quantize_activation(rms_norm(h_, t.norm_weight, t.eps))
-        _, y = kernels.tensor_core_mlp(x8, xs, t.gate, t.gate_scale, t.up, t.up_scale,
-                                       t.down, t.down_scale, n)
+        y = kernels.tensor_core_mlp(x8, xs, t.gate, t.gate_scale, t.up, t.up_scale,
+                                    t.down, t.down_scale, n)["y"]
         return g.to(torch.bfloat16), quantize_activation(p), h_ + y.to(torch.bfloat16)
 
     monkeypatch.setattr(measure, "checked_launches", model_launches)
     r = measure.check_block_once(block, h)
     assert r["ok"], r
-    for k in measure.TENSOR_CORE_CHECKS:
-        assert r["bounds"][k] > measure.GPUCHECK_BOUNDS[k], k
-    share = tensor_core_share(block, h)
-    assert r["bounds"]["block_vs_w8a8"] == pytest.approx(
-        measure.GPUCHECK_BOUNDS["block_vs_w8a8"] + share)
-    assert math.isfinite(share) and share > 0
+    shares = tensor_core_shares(block, h)
+    for k, share in measure.TENSOR_CORE_CHECKS.items():
+        assert math.isfinite(shares[share]) and shares[share] > 0, k
+        assert r["bounds"][k] == pytest.approx(measure.GPUCHECK_BOUNDS[k] + shares[share])
