@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 from .bench import BENCH_M       # the benchmark's token counts (chapter 9)
-from .measure import GPUCHECK_M, _parse_m   # the GPU check's; --m 1,16,4096
+from .gpu_check import GPUCHECK_M, _parse_m   # the GPU check's: --m 1,16
 
 #: The token counts the book inspects: decode (1 to 64), 64-row tiles, prefill.
 INSPECT_M = (1, 4, 16, 32, 64, 128, 1024, 4096)
@@ -120,7 +120,8 @@ def _block_workload(block, h):
 
 
 def _gpucheck_workload(block, h):
-    from .measure import checked_launches, native_matches_integer, normed_and_quantized
+    from .gpu_check import (checked_launches, native_matches_integer,
+                            normed_and_quantized)
     x_fp8, x_scale, _ = normed_and_quantized(block, h)
     checked_launches(block, h, x_fp8, x_scale)
     native_matches_integer(block, h)

@@ -22,11 +22,12 @@ from pathlib import Path
 
 import torch
 
-from .measure import (GPUCHECK_M, _parse_m, _reason, environment,
-                              gpucheck_main)
+from .gpu_check import GPUCHECK_M, _parse_m, gpucheck_main
+from .provenance import _reason, environment
+from .records import write_record   # no kernels: appendix E
 from .tiles import _package_dir
 
-# %% ../book/appendix_c_measuring.ipynb #ed3b0348
+# %% ../book/appendix_c_measuring.ipynb #2ebd80ea
 class _Outputs(io.TextIOBase):
     """A cell's stdout or stderr, kept as Jupyter stream outputs (consecutive writes
     joined)."""
@@ -117,7 +118,7 @@ def _error_output(e: BaseException) -> dict:
     return {"output_type": "error", "ename": type(e).__name__, "evalue": str(e),
             "traceback": traceback.format_exception(type(e), e, e.__traceback__)}
 
-
+# %% ../book/appendix_c_measuring.ipynb #bf32e842
 def _cell_code(source: str, name: str):
     """A cell's source compiled under `name`, and kept in `linecache` under that name as
     IPython keeps its cells: `inspect.getsource` then finds a function the cell defines,
@@ -167,7 +168,7 @@ def _run_notebook_here(src: Path, dst: Path) -> dict:
             break
     return {"notebook": Path(src).name, "cells": count, "failed": failed}
 
-
+# %% ../book/appendix_c_measuring.ipynb #47d85d5d
 def run_notebook(src, dst, timeout_s: float | None = None,
                  env: dict | None = None) -> dict:
     """Execute notebook `src` in a fresh Python process, writing the executed copy to
@@ -257,7 +258,7 @@ def _gpu_report_parser() -> argparse.ArgumentParser:
                         "shapes, with no time limit")
     return p
 
-# %% ../book/appendix_c_measuring.ipynb #ba3a9303
+# %% ../book/appendix_c_measuring.ipynb #7369fd80
 class _Report:
     """`gpu-report.json` and `gpu-report.log` under `out`, rewritten after every step.
     A run adds itself to the runs an earlier call left in the same folder, so GPU work
@@ -291,7 +292,7 @@ class _Report:
         record = {"schema": REPORT_SCHEMA, "runs": self.runs}
         (self.out / "gpu-report.json").write_text(json.dumps(record, indent=1) + "\n")
 
-
+# %% ../book/appendix_c_measuring.ipynb #e1374752
 def _report_gpucheck(report: _Report, args, commit: list) -> None:
     t = time.perf_counter()
     ms = ["--m", ",".join(map(str, args.m))] if args.m else []
@@ -333,9 +334,9 @@ def _report_bench(report: _Report, args, commit: list) -> None:
             record = harness.bench(
                 cpu_smoke=args.cpu_smoke, budget_s=None if left is None else left - 20,
                 git_commit=commit[-1] if commit else None, log=report.say,
-                on_update=lambda record: harness.write_record(record, report.out))
+                on_update=lambda record: write_record(record, report.out))
             ok = all(r["ok"] for r in record["results"])
-            file = harness.write_record(record, report.out).name
+            file = write_record(record, report.out).name
             report.add({"step": "bench", "ok": ok, "file": file,
                         "complete": record["complete"],
                         "seconds": round(time.perf_counter() - t, 1)})
@@ -343,7 +344,7 @@ def _report_bench(report: _Report, args, commit: list) -> None:
             report.add({"step": "bench", "ok": False, "error": _reason(e)})
     report.say(f"bench: {'passed' if report.run['steps'][-1]['ok'] else 'FAILED'}")
 
-
+# %% ../book/appendix_c_measuring.ipynb #5c45efcd
 def gpu_report_main(argv=None) -> int:
     """`python -m kimi_mlp gpu-report --out DIR`: 0 when every step passed, 1 when one
     failed, 2 when refused (no GPU and no --cpu-smoke), 130 when interrupted."""

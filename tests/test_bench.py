@@ -19,10 +19,9 @@ from pathlib import Path  # noqa: E402
 
 from kimi_mlp import bench as B  # noqa: E402  (chapter 9)
 from kimi_mlp import fused as FU  # noqa: E402
-from kimi_mlp import harness as H  # noqa: E402  (appendix E)
-from kimi_mlp import measure as MS  # noqa: E402  (appendix C)
+from kimi_mlp import harness, plots, provenance, records  # noqa: E402  (appendices C, E)
 from kimi_mlp.fused import random_dense_block  # noqa: E402
-from kimi_mlp.measure import dequantized_weights, torch_bf16_ffn  # noqa: E402
+from kimi_mlp.gpu_check import dequantized_weights, torch_bf16_ffn  # noqa: E402
 
 FAKE_CEILINGS = {"copy_bytes_per_s": 4.0e12, "bf16_flop_per_s": 8.0e14, "fp8_flop_per_s": 1.6e15}
 
@@ -45,13 +44,13 @@ def fake_record(kind="synthetic-test", date="2000-01-01T00:00:00+00:00", fused_d
             floor = FU.launch_floor_s(cost, FAKE_CEILINGS["copy_bytes_per_s"], FAKE_CEILINGS["fp8_flop_per_s"])
             launches.append({"m": m, "launch": cost["launch"], "median_ms": 1.5 * floor * 1e3, "timer": "events"})
     return {
-        "schema": H.BENCH_SCHEMA, "kind": kind, "launches": launches,
+        "schema": records.BENCH_SCHEMA, "kind": kind, "launches": launches,
         "environment": {"gpu": "FAKE GPU (test)", "date_utc": date, "torch": "x", "triton": "y"},
         "shapes": {"hidden_size": 7168, "intermediate_size": 18432, "block_size": [128, 128]},
         "settings": {"m": ms}, "ceilings": dict(FAKE_CEILINGS, details=[]),
-        "providers": {n: {"label": H.PROVIDERS[n], "available": True, "reason": None}
+        "providers": {n: {"label": harness.PROVIDERS[n], "available": True, "reason": None}
                       for n in ("torch_bf16", "unfused_w8a8", "fused")}
-        | {"scaled_mm": {"label": H.PROVIDERS["scaled_mm"], "available": False, "reason": "test"}},
+        | {"scaled_mm": {"label": harness.PROVIDERS["scaled_mm"], "available": False, "reason": "test"}},
         "results": results, "skipped": [{"provider": "unfused_w8a8", "m": 8192, "reason": "test"}],
     }
 
@@ -62,8 +61,8 @@ def test_work_by_hand():
     assert B.ffn_min_bytes(3, weights="bf16") == 2 * 396_361_728 + 14_336 + 3 * 28_672
     with pytest.raises(ValueError, match="weights: expected 'fp8' or 'bf16'"):
         B.ffn_min_bytes(1, weights="int4")
-    root = Path(H.kernels.__file__).resolve().parent.parent
-    c = MS.load_ceilings(root / "book" / "data" / "h200_ceilings.json")
+    root = Path(harness.kernels.__file__).resolve().parent.parent
+    c = provenance.load_ceilings(root / "book" / "data" / "h200_ceilings.json")
     assert c["sources"]["fp8_flop_per_s"]["status"].startswith("datasheet lead")
     assert B.roofline_floor_s(1, c) == pytest.approx(B.ffn_min_bytes(1) / 4.3e12)    # memory-bound
     assert B.roofline_floor_s(8192, c) == pytest.approx(B.ffn_flop(8192) / c["fp8_flop_per_s"])
@@ -73,34 +72,34 @@ def test_work_by_hand():
 def test_record_round_trip_and_plots(tmp_path):
     path = tmp_path / "bench_fake-gpu_20000101T000000Z.json"
     path.write_text(json.dumps(fake_record()))
-    record = H.load_record(path)
+    record = records.load_record(path)
     tm = B.timings(record)
     assert set(tm) == {"torch_bf16", "unfused_w8a8", "fused"} and tm["fused"][0] == [1, 16, 4096, 8192]
     fig, axes = plt.subplots(2, 2)
-    for fn, ax in zip((H.plot_time, H.plot_bandwidth, H.plot_tflops, H.plot_speedup), axes.flat):
+    for fn, ax in zip((plots.plot_time, plots.plot_bandwidth, plots.plot_tflops, plots.plot_speedup), axes.flat):
         assert fn(record, ax) is ax
         assert ax.lines, fn.__name__
         assert "NOT A MEASUREMENT" in ax.get_title()
     # bandwidth: fused at 100 µs moves ffn_min_bytes(m) over 4 TB/s
-    frac = axes[0, 1].lines[[l.get_label() for l in axes[0, 1].lines].index(H.PROVIDERS["fused"])].get_ydata()
+    frac = axes[0, 1].lines[[l.get_label() for l in axes[0, 1].lines].index(harness.PROVIDERS["fused"])].get_ydata()
     assert frac[0] == pytest.approx(B.ffn_min_bytes(1) / 100e-6 / 4.0e12)
     speed = {l.get_label(): l.get_ydata() for l in axes[1, 1].lines}
     assert list(speed["over unfused_w8a8"]) == pytest.approx([1.1] * 4)
     plt.close(fig)
-    rows = H.launch_breakdown(record)
+    rows = plots.launch_breakdown(record)
     assert len(rows) == 12 and all(r["ratio"] == pytest.approx(1.5) for r in rows)
     fig, ax = plt.subplots()
-    assert len(H.plot_launches(record, ax).lines) == 3 + 1          # three launches and the y = 1 line
+    assert len(plots.plot_launches(record, ax).lines) == 3 + 1          # three launches and the y = 1 line
     plt.close(fig)
     fig, ax = plt.subplots()
-    assert len(H.plot_floors(FAKE_CEILINGS, [1, 2, 4], ax).lines) == 2
+    assert len(plots.plot_floors(FAKE_CEILINGS, [1, 2, 4], ax).lines) == 2
     plt.close(fig)
     # a record without ceilings of its own is drawn against ceilings given, or refused
     record["ceilings"] = None
     with pytest.raises(ValueError, match="no measured ceilings"):
-        H.plot_bandwidth(record)
+        plots.plot_bandwidth(record)
     fig, ax = plt.subplots()
-    assert H.plot_bandwidth(record, ax, ceilings=FAKE_CEILINGS).lines
+    assert plots.plot_bandwidth(record, ax, ceilings=FAKE_CEILINGS).lines
     plt.close("all")
 
 
@@ -146,29 +145,29 @@ def test_validate_record_names_the_field(edit, match):
     r = fake_record()
     edit(r)
     with pytest.raises(ValueError, match=match):
-        H.validate_record(r)
+        records.validate_record(r)
 
 
 def test_find_measurements_ignores_other_record_types(tmp_path):
     for name, date in (("bench_a.json", "2026-01-02T00:00:00+00:00"), ("bench_b.json", "2025-01-01T00:00:00+00:00")):
         (tmp_path / name).write_text(json.dumps(fake_record(kind="measurement", date=date)))
     (tmp_path / "bench_c.json").write_text(json.dumps(fake_record(kind="cpu-smoke")))
-    assert [p.name for p in H.find_measurements(tmp_path)] == ["bench_b.json", "bench_a.json"]
-    assert H.find_measurements(tmp_path / "missing") == []
+    assert [p.name for p in records.find_measurements(tmp_path)] == ["bench_b.json", "bench_a.json"]
+    assert records.find_measurements(tmp_path / "missing") == []
 
 
 def test_smoke_records_never_go_to_book_data(tmp_path):
     r = fake_record(kind="cpu-smoke")
     with pytest.raises(ValueError, match="never stored in book/data"):
-        H.write_record(r, tmp_path / "book" / "data")
-    path = H.write_record(r, tmp_path / "elsewhere")
+        records.write_record(r, tmp_path / "book" / "data")
+    path = records.write_record(r, tmp_path / "elsewhere")
     assert path.name.startswith("bench-smoke_fake-gpu-test_2000")
 
 
 def test_providers_agree_before_timing():
     "Every provider that runs here computes the block: checked against both references."
     block = random_dense_block(256, 640, seed=4)
-    provs = H.make_providers(block)
+    provs = harness.make_providers(block)
     assert provs["scaled_mm"]["available"] is (provs["scaled_mm"]["reason"] is None)
     if not torch.cuda.is_available():
         assert "CUDA" in provs["scaled_mm"]["reason"]
@@ -180,19 +179,19 @@ def test_providers_agree_before_timing():
         block.mlp.mode = "w8a16"
         for name, p in provs.items():
             if p["available"]:
-                r = H.check_output(name, p["fn"](h), h, ref16, ref8)
+                r = harness.check_output(name, p["fn"](h), h, ref16, ref8)
                 assert r["ok"], (name, r)
         # and the check can fail: a provider that drops the MLP is caught
-        assert not H.check_output("fused", h.clone(), h, ref16, ref8)["ok"]
+        assert not harness.check_output("fused", h.clone(), h, ref16, ref8)["ok"]
     with pytest.raises(ValueError, match="providers: expected names from"):
-        H.make_providers(block, ("cublas",))
+        harness.make_providers(block, ("cublas",))
 
 
 def test_cli_cpu_smoke_writes_valid_json(tmp_path, capsys):
-    assert H.main(["--cpu-smoke", "--m", "1,3", "--providers", "fused,unfused_w8a8,scaled_mm",
+    assert harness.main(["--cpu-smoke", "--m", "1,3", "--providers", "fused,unfused_w8a8,scaled_mm",
                    "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("bench-smoke_cpu_*.json")
-    record = H.load_record(path)
+    record = records.load_record(path)
     assert record["kind"] == "cpu-smoke" and record["ceilings"] is None and record["complete"]
     assert [(r["m"], r["provider"]) for r in record["results"]] == [
         (1, "fused"), (1, "unfused_w8a8"), (3, "fused"), (3, "unfused_w8a8")]
@@ -204,25 +203,25 @@ def test_cli_cpu_smoke_writes_valid_json(tmp_path, capsys):
         assert record["providers"]["scaled_mm"]["available"] is False
     # the unfused baseline quantizes with chapter 7's one-launch kernel when there is one
     used = record["providers"]["unfused_w8a8"]["act_quant"]
-    assert used.startswith("kimi_mlp.kernels.act_quant") == hasattr(H.kernels, "act_quant")
+    assert used.startswith("kimi_mlp.kernels.act_quant") == hasattr(harness.kernels, "act_quant")
     assert path.with_suffix(".log").read_text().startswith("bench: ")
     assert "wrote" in capsys.readouterr().out
 
 
 def test_budget_stops_the_sweep_and_says_so():
-    record = H.bench([1, 2, 3], ("fused",), cpu_smoke=True, budget_s=0.0, log=lambda line: None)
+    record = harness.bench([1, 2, 3], ("fused",), cpu_smoke=True, budget_s=0.0, log=lambda line: None)
     assert record["not_run_m"] == [1, 2, 3] and not record["complete"] and record["results"] == []
 
 
 def test_cli_refuses_without_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    assert H.main([]) == 2
+    assert harness.main([]) == 2
     assert "no CUDA device" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        H.main(["--providers", "cublas"])
+        harness.main(["--providers", "cublas"])
     with pytest.raises(SystemExit):
-        H.main(["--m", "0,1"])
+        harness.main(["--m", "0,1"])
 
 
 def test_cli_dispatch_from_the_package_command_line(tmp_path):
@@ -236,9 +235,9 @@ def test_cli_dispatch_from_the_package_command_line(tmp_path):
 def test_pad_rows_for_cublas_scales():
     a = torch.randn(3, 256).to(torch.float8_e4m3fn)
     s = torch.rand(3, 2)
-    pa, ps = H.pad_rows(a, s, 4)
+    pa, ps = harness.pad_rows(a, s, 4)
     assert pa.shape == (4, 256) and ps.shape == (4, 2)
     assert torch.equal(pa[:3].view(torch.uint8), a.view(torch.uint8)) and torch.equal(ps[:3], s)
     assert (pa[3].view(torch.uint8) == 0).all() and (ps[3] == 1).all()
     same = torch.randn(8, 256).to(torch.float8_e4m3fn)
-    assert H.pad_rows(same, torch.rand(8, 2))[0] is same
+    assert harness.pad_rows(same, torch.rand(8, 2))[0] is same

@@ -16,7 +16,8 @@ from kimi_mlp.fp8 import Fp8DenseMLP, fp8_matmul_blockwise, quantize_activation
 from kimi_mlp.fused import (FusedFp8DenseMLP, deepgemm_measure, ffn_tensors, fused_ffn_block,
                             fused_launch_costs, launch_floor_s, random_dense_block,
                             relative_error, unfused_launch_costs)
-from kimi_mlp.measure import gpucheck_main, poisoned_allocations
+from kimi_mlp.gpu_check import gpucheck_main
+from kimi_mlp.measure import poisoned_allocations
 from kimi_mlp.rmsnorm import RMSNorm
 
 SHAPES = [(256, 640), (320, 704)]     # (hidden, intermediate): multiples of 128, and not
@@ -264,8 +265,8 @@ def test_gpucheck_cpu_smoke_writes_its_record(tmp_path, capsys):
 
 
 def test_gpucheck_reports_a_crash_and_goes_on(tmp_path, monkeypatch, capsys):
-    import kimi_mlp.measure as measure_module
-    real = measure_module.check_block_once
+    import kimi_mlp.gpu_check as gpu_check
+    real = gpu_check.check_block_once
     calls = []
 
     def flaky(block, h, w):
@@ -274,7 +275,7 @@ def test_gpucheck_reports_a_crash_and_goes_on(tmp_path, monkeypatch, capsys):
             raise RuntimeError("simulated compile failure\nsecond line")
         return real(block, h, w)
 
-    monkeypatch.setattr(measure_module, "check_block_once", flaky)
+    monkeypatch.setattr(gpu_check, "check_block_once", flaky)
     assert gpucheck_main(["--cpu-smoke", "--m", "1,2", "--out", str(tmp_path)]) == 1
     record = json.loads((tmp_path / "gpucheck.json").read_text())
     assert calls == [1, 2]

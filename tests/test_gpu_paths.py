@@ -21,7 +21,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kimi_mlp import fused as FU
-from kimi_mlp import harness, kernels, measure, report, tiles
+from kimi_mlp import gpu_check, harness, kernels, measure, provenance, report, tiles, tune
 from kimi_mlp.fused import FusedFp8DenseMLP, fused_ffn_block, random_dense_block
 
 H200 = {"name": "NVIDIA H200", "capability": (9, 0), "sms": 132}
@@ -115,7 +115,7 @@ def test_a_gpu_without_fp8_tensor_cores_is_refused_in_one_line(fake_gpu, monkeyp
         with pytest.raises(RuntimeError, match=what):
             build()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    for main, name in ((measure.gpucheck_main, "gpucheck"), (harness.main, "bench")):
+    for main, name in ((gpu_check.gpucheck_main, "gpucheck"), (harness.main, "bench")):
         assert main([]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"{name}: NVIDIA A100") and err.count("\n") == 1, err
@@ -138,7 +138,7 @@ def test_the_probe_reads_one_rounding_or_two():
 
 def test_environment_describes_the_gpu(fake_gpu, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    env = measure.environment("0" * 40)
+    env = provenance.environment("0" * 40)
     assert (env["device"], env["gpu"], env["capability"], env["sms"]) == (
         "cuda", "NVIDIA H200", "9.0", 132)
     assert env["memory_gib"] == 141.0 and env["l2_bytes"] == 60 * 2**20
@@ -177,7 +177,7 @@ def test_ceilings_run_their_gpu_lines_on_the_cpu(monkeypatch):
     are worked out from the timer's 2 ms, and an fp8 product that does not run here is
     recorded with its one-line reason rather than stopping the benchmark."""
     monkeypatch.setattr(measure, "time_ms", stand_in_time_ms)
-    c = measure.measure_ceilings(device="cpu", copy_numel=4096, shapes=((32, 64, 128),))
+    c = provenance.measure_ceilings(device="cpu", copy_numel=4096, shapes=((32, 64, 128),))
     assert c["copy_bytes_per_s"] == 2 * 2 * 4096 / 2e-3
     assert c["bf16_flop_per_s"] == 2 * 32 * 64 * 128 / 2e-3
     fp8 = [d for d in c["details"] if d["what"].startswith("fp8")]
@@ -194,11 +194,11 @@ def test_the_timed_sweep_and_its_targets_with_a_stand_in_timer(fake_gpu, monkeyp
     block on the CPU, as if a GPU were there; then run_bench judges the targets of the
     record it gets (check_targets) and writes it."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(harness, "time_ms", stand_in_time_ms)
     monkeypatch.setattr(measure, "time_ms", stand_in_time_ms)
-    small = functools.partial(measure.measure_ceilings, copy_numel=4096,
+    monkeypatch.setattr(measure, "time_ms", stand_in_time_ms)
+    small = functools.partial(provenance.measure_ceilings, copy_numel=4096,
                               shapes=((32, 64, 128),))
-    monkeypatch.setattr(harness, "measure_ceilings", small)
+    monkeypatch.setattr(provenance, "measure_ceilings", small)
     record = harness.bench((1, 3), ("fused", "unfused_w8a8"), hidden_size=256,
                            intermediate_size=640, device="cpu", log=lambda line: None)
     assert record["kind"] == "measurement" and record["complete"]
@@ -301,16 +301,16 @@ def test_tune_writes_its_table_after_every_bucket(fake_gpu, monkeypatch, tmp_pat
         if len(done) == 2:
             raise Killed
         done.append((kind, bound))
-        n, k = harness.TUNE_SHAPES[kind]
+        n, k = tune.TUNE_SHAPES[kind]
         row = dict(kernels.ARCH_TILES[arch][kind][0][1], num_stages=2)
         return {"kind": kind, "n": n, "k": k, "m_max": bound, "m_timed": 16,
                 "tuned": True, "median_us": 1.0, "default_us": 1.0, "candidates": 1,
                 "config": row}
 
-    monkeypatch.setattr(harness, "tune_bucket", bucket)
+    monkeypatch.setattr(tune, "tune_bucket", bucket)
     out = tmp_path / "tiles.json"
     with pytest.raises(Killed):
-        harness.tune_main(["--out", str(out)])
+        tune.tune_main(["--out", str(out)])
     saved = json.loads(out.read_text())
     assert [r["tuned"] for r in saved["rows"]] == [True, True] + [False] * 8
     table = tiles.load_tiles(out)
@@ -432,7 +432,7 @@ def test_rate_and_the_checks_timings_with_a_stand_in_timer(monkeypatch):
     assert r["floor_ms"] == pytest.approx(1.0) and "reached at 50%" in r["line"]
     block = random_dense_block(256, 640, seed=2)
     h = torch.randn(3, 256).to(torch.bfloat16)
-    t = measure.time_block(FusedFp8DenseMLP(block), block, measure.dequantized_weights(block),
+    t = gpu_check.time_block(FusedFp8DenseMLP(block), block, gpu_check.dequantized_weights(block),
                            h, True, 10)
     assert t == {"fused_ms": 2.0, "torch_bf16_ms": 2.0, "timer": "cudagraph"}
 
@@ -440,12 +440,12 @@ def test_rate_and_the_checks_timings_with_a_stand_in_timer(monkeypatch):
 def test_a_tune_bucket_is_checked_then_timed(monkeypatch):
     """tune_bucket's timed path with a stand-in timer: every candidate passes the check
     against the first, and the fastest (here all equal: the first) is kept."""
-    monkeypatch.setattr(harness, "time_ms", stand_in_time_ms)
-    row = harness.tune_bucket("gemm", 16, "cpu", 132, m=3, n_k=(256, 384),
+    monkeypatch.setattr(measure, "time_ms", stand_in_time_ms)
+    row = tune.tune_bucket("gemm", 16, "cpu", 132, m=3, n_k=(256, 384),
                               log=lambda line: None)
     assert row["median_us"] == row["default_us"] == 2000.0
-    assert row["config"] == harness.tile_candidates("gemm", 16)[0]
-    assert row["candidates"] == len(harness.tile_candidates("gemm", 16))
+    assert row["config"] == tune.tile_candidates("gemm", 16)[0]
+    assert row["candidates"] == len(tune.tile_candidates("gemm", 16))
 
 
 def test_a_report_on_a_gpu_gives_a_notebook_what_is_left_of_its_budget(fake_gpu,

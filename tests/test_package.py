@@ -89,3 +89,43 @@ def test_the_import_graph_has_no_cycle():
         if m not in state:
             visit(m, [])
     assert not cycles, cycles
+
+
+#: The teaching modules in the order of their chapters, with the two data modules they
+#: rest on first (appendix A's reader, appendix C's tile tables), and appendix B's command
+#: line, which chapter 10's command extends.
+TEACHING = ("safetensors_io", "tiles", "config", "rmsnorm", "block", "swiglu", "fp8",
+            "checkpoint", "cli", "kernels", "fused", "bench", "parallel")
+
+
+def test_teaching_modules_import_only_earlier_chapters():
+    """A teaching module imports only the modules of earlier chapters (and the two data
+    modules below them), never the measuring and benchmarking code of appendices C-E,
+    inside functions included."""
+    root = Path(kimi_mlp.__file__).resolve().parent
+    package = {p.stem for p in root.glob("*.py")}
+    upward = []
+    for i, m in enumerate(TEACHING):
+        allowed = set(TEACHING[:i])
+        for n in sorted(_imported_modules(root / f"{m}.py", package) - allowed - {m}):
+            upward.append(f"{m} imports {n}")
+    assert not upward, upward
+
+
+#: The measuring and benchmarking modules (appendices C and E), split by purpose.
+HARNESS = ("measure", "provenance", "gpu_check", "report", "harness", "records", "plots",
+           "tune")
+
+
+def test_no_harness_function_is_longer_than_about_sixty_lines():
+    import ast
+
+    root = Path(kimi_mlp.__file__).resolve().parent
+    long = []
+    for m in HARNESS:
+        for node in ast.walk(ast.parse((root / f"{m}.py").read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > 65:
+                    long.append(f"{m}.{node.name}: {n} lines")
+    assert not long, long

@@ -25,3 +25,29 @@ def test_code_lines_fit_the_column(path):
     long = [(i, len(line)) for i, _, src in code_cells(path)
             for line in src.splitlines() if len(line) > LINE_LENGTH]
     assert not long, f"{path.name}: (cell, length) of lines over {LINE_LENGTH}: {long}"
+
+
+#: Tags under which Jupyter Book collapses or removes a cell's code: the reader opens it
+#: on purpose, so its length is not a page the reader has to scroll past.
+HIDDEN = {"hide-input", "hide-cell", "remove-input", "remove-cell"}
+#: The longest code cell a reader sees: a teaching chapter shows what is studied in
+#: pieces that fit a screen; an appendix may show a little more of a harness.
+SHOWN_LINES = {"chapter": 40, "appendix": 60}
+
+
+def _shown_limit(path: Path) -> int | None:
+    if path.name.startswith("appendix_"):
+        return SHOWN_LINES["appendix"]
+    return SHOWN_LINES["chapter"] if path.name[:2].isdigit() else None
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_shown_code_cells_fit_a_screen(path):
+    limit = _shown_limit(path)
+    if limit is None:
+        pytest.skip("not a chapter or an appendix")
+    long = [(i, len(src.splitlines())) for i, cell, src in code_cells(path)
+            if not HIDDEN & set(cell["metadata"].get("tags", []))
+            and len(src.splitlines()) > limit]
+    assert not long, (f"{path.name}: (cell, lines) of shown code cells over {limit} "
+                      f"lines (split them, or collapse plumbing with 'hide-input'): {long}")

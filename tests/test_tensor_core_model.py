@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kimi_mlp import kernels, measure
+from kimi_mlp import gpu_check, kernels
 from kimi_mlp.fp8 import (fp8_matmul_blockwise, quantize_activation,
                           quantize_weight_blockwise)
 from kimi_mlp.fused import ffn_tensors, random_dense_block, tensor_core_shares
@@ -102,10 +102,10 @@ def test_a_gpu_that_sums_like_the_model_passes_the_gpu_check(monkeypatch):
                                     t.down, t.down_scale, n)["y"]
         return g.to(torch.bfloat16), quantize_activation(p), h_ + y.to(torch.bfloat16)
 
-    monkeypatch.setattr(measure, "checked_launches", model_launches)
-    r = measure.check_block_once(block, h)
+    monkeypatch.setattr(gpu_check, "checked_launches", model_launches)
+    r = gpu_check.check_block_once(block, h)
     assert r["ok"], r
     shares = tensor_core_shares(block, h)
-    for k, share in measure.TENSOR_CORE_CHECKS.items():
+    for k, share in gpu_check.TENSOR_CORE_CHECKS.items():
         assert math.isfinite(shares[share]) and shares[share] > 0, k
-        assert r["bounds"][k] == pytest.approx(measure.GPUCHECK_BOUNDS[k] + shares[share])
+        assert r["bounds"][k] == pytest.approx(gpu_check.GPUCHECK_BOUNDS[k] + shares[share])

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from kimi_mlp import harness, kernels, measure, tiles
+from kimi_mlp import kernels, measure, tiles, tune
 from kimi_mlp.tiles import (TILES_ENV, TILES_SCHEMA, load_tiles, tiles_file_name,
                             tuned_tiles)
 
@@ -86,22 +86,22 @@ def test_a_bad_table_is_refused_naming_the_field(tmp_path, edit, match):
 def test_tune_refuses_without_a_gpu(capsys):
     if torch.cuda.is_available() and not kernels.INTERPRETED:
         pytest.skip("a GPU is here")
-    assert harness.tune_main([]) == 2
+    assert tune.tune_main([]) == 2
     assert "tune: no CUDA device" in capsys.readouterr().err
 
 
 def test_tune_candidates_and_a_bucket_through_the_interpreter(tmp_path):
     """The candidates start with the table's row and stay distinct; one bucket's sweep runs
     them all (untimed), checks each against the first, and its row is a valid tile file."""
-    cands = harness.tile_candidates("gate_up", 16)
+    cands = tune.tile_candidates("gate_up", 16)
     assert cands[0] == dict(kernels.GEMM_TILES["gate_up"][0][1])
     assert len(cands) == len({json.dumps(c, sort_keys=True) for c in cands}) >= 8
     assert {c.get("split_k") for c in cands} >= {1, 2, 4, 8, 16, None}
     device = "cuda" if torch.cuda.is_available() and not kernels.INTERPRETED else "cpu"
-    row = harness.tune_bucket("gemm", None, device, 132, m=3, n_k=(128, 128),
+    row = tune.tune_bucket("gemm", None, device, 132, m=3, n_k=(128, 128),
                               timed=False, log=lambda line: None)
     assert row["candidates"] >= 5 and row["m_max"] is None and row["config"] in \
-        harness.tile_candidates("gemm", None)
+        tune.tile_candidates("gemm", None)
     table = load_tiles(write(tmp_path / "t.json", [row]))
     assert ("gemm", 128, 128) in table
 
