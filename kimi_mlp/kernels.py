@@ -28,6 +28,7 @@ from .fp8 import (ACT_AMAX_EPS, FP8_DTYPE, FP8_MAX, FP8_TENSOR_CORES,
 from .swiglu import silu          # chapter 4: the reference's SiLU
 from .tiles import tuned_tiles    # appendix C: the per-GPU tables, as data
 
+# %% ../book/07_kernels.ipynb #e3ac4b9a
 #: True when the kernels run through Triton's CPU interpreter (TRITON_INTERPRET=1), i.e.
 #: on a machine without CUDA. Nothing is printed or warned about it: read this flag.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -103,7 +104,7 @@ def _e4m3_bits(q, NATIVE: tl.constexpr):
     else:
         return _e4m3_code(q)
 
-
+# %% ../book/07_kernels.ipynb #78725e12
 @triton.jit
 def _e4m3_probe_kernel(x_ptr, q_ptr):
     "The compiler's own fp32 -> e4m3 conversion, alone: `_native` reads its PTX."
@@ -131,7 +132,7 @@ def _e4m3_rounds_once(target) -> bool:
     kernel = _e4m3_probe_kernel.warmup(x, x.to(torch.uint8), grid=(1,))
     return _rounds_once(kernel.asm["ptx"])
 
-
+# %% ../book/07_kernels.ipynb #7a1c5e54
 _NATIVE_OK: dict = {}        # CUDA device index -> whether its conversions are used
 
 
@@ -272,18 +273,11 @@ def _dequantize_kernel(w_ptr, s_ptr, out_ptr, N, K, s_cols, BLOCK_N: tl.constexp
         y = _to_bf16(y, NATIVE)
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
-# %% ../book/07_kernels.ipynb #3a4bfb60
-def dequantize_blockwise_triton(w_fp8: torch.Tensor, weight_scale_inv: torch.Tensor,
-                                block_size=(128, 128), dtype=torch.bfloat16,
-                                out: torch.Tensor | None = None) -> torch.Tensor:
-    """Triton twin of `fp8.dequantize_weight_blockwise`: `float(w_fp8) *
-    weight_scale_inv` per block.
-
-    w_fp8: [N, K] float8_e4m3fn; weight_scale_inv: [ceil(N/bn), ceil(K/bk)] float32;
-    block_size: powers of two (the checkpoint's (128, 128)). Returns [N, K] `dtype`
-    (bf16, fp16 or fp32), each product formed in fp32 and rounded once, bit for bit
-    equal to the torch version. `out`: optional preallocated [N, K] `dtype` result.
-    """
+# %% ../book/07_kernels.ipynb #3efd2b19
+def _check_dequantize_args(w_fp8, weight_scale_inv, block_size, dtype, out):
+    """dequantize_blockwise_triton's arguments: an [N, K] e4m3 weight, its scales
+    [ceil(N/bn), ceil(K/bk)] fp32, the output dtype and an optional [N, K] buffer that
+    overlaps neither. Returns (N, K, bn, bk, out)."""
     _check_rank("w_fp8", w_fp8, 2, "[N, K]")
     bn, bk = _check_block_size(block_size)
     _check_tensor("w_fp8", w_fp8, FP8_DTYPE)
@@ -298,13 +292,29 @@ def dequantize_blockwise_triton(w_fp8: torch.Tensor, weight_scale_inv: torch.Ten
     _check_offsets("w_fp8", f"[{n}, {k}]", n * k)
     _check_no_overlap([("out", out)], [("w_fp8", w_fp8),
                                        ("weight_scale_inv", weight_scale_inv)])
+    return n, k, bn, bk, out
+
+# %% ../book/07_kernels.ipynb #3a4bfb60
+def dequantize_blockwise_triton(w_fp8: torch.Tensor, weight_scale_inv: torch.Tensor,
+                                block_size=(128, 128), dtype=torch.bfloat16,
+                                out: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton twin of `fp8.dequantize_weight_blockwise`: `float(w_fp8) *
+    weight_scale_inv` per block.
+
+    w_fp8: [N, K] float8_e4m3fn; weight_scale_inv: [ceil(N/bn), ceil(K/bk)] float32;
+    block_size: powers of two (the checkpoint's (128, 128)). Returns [N, K] `dtype`
+    (bf16, fp16 or fp32), each product formed in fp32 and rounded once, bit for bit
+    equal to the torch version. `out`: optional preallocated [N, K] `dtype` result.
+    """
+    n, k, bn, bk, out = _check_dequantize_args(w_fp8, weight_scale_inv, block_size,
+                                               dtype, out)
     if out is None:
         out = torch.empty(n, k, dtype=dtype, device=w_fp8.device)
-    _dequantize_kernel[s_shape](w_fp8, weight_scale_inv, out, n, k, s_shape[1],
-                                BLOCK_N=bn, BLOCK_K=bk,
-                                ROUND_BF16=dtype == torch.bfloat16,
-                                NATIVE=_native(w_fp8.device),
-                                num_warps=8 if bn * bk >= 128 * 128 else 4)
+    grid = tuple(weight_scale_inv.shape)          # one program per scale block
+    _dequantize_kernel[grid](w_fp8, weight_scale_inv, out, n, k, grid[1],
+                             BLOCK_N=bn, BLOCK_K=bk, ROUND_BF16=dtype == torch.bfloat16,
+                             NATIVE=_native(w_fp8.device),
+                             num_warps=8 if bn * bk >= 128 * 128 else 4)
     return out
 
 # %% ../book/07_kernels.ipynb #2ebdaef4
@@ -352,18 +362,11 @@ def _check_group_size(group_size):
         raise ValueError(f"group_size: expected a power of two >= 16 such as 128, "
                          f"got {group_size!r}")
 
-# %% ../book/07_kernels.ipynb #ae4e2630
-def act_quant(x: torch.Tensor, group_size: int = 128, *,
-              out: torch.Tensor | None = None, scale_out: torch.Tensor | None = None):
-    """Per-token, per-group e4m3 quantization in one launch: `quantize_activation` for
-    2-d x.
 
-    x: [M, K] bf16, fp16 or fp32 (rows may be padded). Returns `(x_fp8 [M, K]
-    float8_e4m3fn, x_scale [M, ceil(K/group_size)] float32)`, bit for bit
-    `quantize_activation(x, group_size)`: `scale = max(amax, ACT_AMAX_EPS) / 448` and
-    `x_fp8 = e4m3(clamp(x / scale, -448, 448))`, IEEE divisions. `out`, `scale_out`:
-    optional preallocated results.
-    """
+def _check_act_quant_args(x, group_size, out, scale_out):
+    """act_quant's arguments: [M, K] rows of bf16, fp16 or fp32 (K > 0), a group size,
+    optional [M, K] e4m3 and [M, ceil(K/group_size)] fp32 buffers that overlap x
+    nowhere. Returns (M, K, groups, out, scale_out)."""
     _check_rank("x", x, 2, "[M, K]")
     _check_tensor("x", x, (torch.bfloat16, torch.float16, torch.float32),
                   row_stride_ok=True)
@@ -377,6 +380,21 @@ def act_quant(x: torch.Tensor, group_size: int = 128, *,
     scale_out = _check_out("scale_out", scale_out, torch.float32, (m, groups), x.device)
     _check_offsets("x", f"[{m}, {k}]", m * max(x.stride(0), k))
     _check_no_overlap([("out", out), ("scale_out", scale_out)], [("x", x)])
+    return m, k, groups, out, scale_out
+
+# %% ../book/07_kernels.ipynb #ae4e2630
+def act_quant(x: torch.Tensor, group_size: int = 128, *,
+              out: torch.Tensor | None = None, scale_out: torch.Tensor | None = None):
+    """Per-token, per-group e4m3 quantization in one launch: `quantize_activation` for
+    2-d x.
+
+    x: [M, K] bf16, fp16 or fp32 (rows may be padded). Returns `(x_fp8 [M, K]
+    float8_e4m3fn, x_scale [M, ceil(K/group_size)] float32)`, bit for bit
+    `quantize_activation(x, group_size)`: `scale = max(amax, ACT_AMAX_EPS) / 448` and
+    `x_fp8 = e4m3(clamp(x / scale, -448, 448))`, IEEE divisions. `out`, `scale_out`:
+    optional preallocated results.
+    """
+    m, k, groups, out, scale_out = _check_act_quant_args(x, group_size, out, scale_out)
     if out is None:
         out = torch.empty(m, k, dtype=FP8_DTYPE, device=x.device)
     if scale_out is None:
@@ -436,6 +454,21 @@ def _check_rmsnorm_inputs(h, weight, eps, group_size):
     _check_group_size(group_size)
     return m, d
 
+
+def _check_rmsnorm_args(h, weight, eps, group_size, out, scale_out, normed_out):
+    """rmsnorm_quant's arguments, the inputs and the optional buffers (none may overlap
+    an input). Returns (M, d, groups, out, scale_out)."""
+    m, d = _check_rmsnorm_inputs(h, weight, eps, group_size)
+    groups = math.ceil(d / group_size)
+    out = _check_out("out", out, FP8_DTYPE, (m, d), h.device)
+    scale_out = _check_out("scale_out", scale_out, torch.float32, (m, groups), h.device)
+    _check_out("normed_out", normed_out, torch.promote_types(weight.dtype, h.dtype),
+               (m, d), h.device)
+    _check_offsets("h", f"[{m}, {d}]", m * max(h.stride(0), d))
+    _check_no_overlap([("out", out), ("scale_out", scale_out),
+                       ("normed_out", normed_out)], [("h", h), ("weight", weight)])
+    return m, d, groups, out, scale_out
+
 # %% ../book/07_kernels.ipynb #e5540633
 def rmsnorm_quant(h: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                   group_size: int = 128, *, out: torch.Tensor | None = None,
@@ -452,15 +485,8 @@ def rmsnorm_quant(h: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     `normed_out`: optional [M, d] buffer (dtype of `weight * h`) that receives the
     normalized x the kernel quantized (a debugging window).
     """
-    m, d = _check_rmsnorm_inputs(h, weight, eps, group_size)
-    groups = math.ceil(d / group_size)
-    out = _check_out("out", out, FP8_DTYPE, (m, d), h.device)
-    scale_out = _check_out("scale_out", scale_out, torch.float32, (m, groups), h.device)
-    _check_out("normed_out", normed_out, torch.promote_types(weight.dtype, h.dtype),
-               (m, d), h.device)
-    _check_offsets("h", f"[{m}, {d}]", m * max(h.stride(0), d))
-    _check_no_overlap([("out", out), ("scale_out", scale_out),
-                       ("normed_out", normed_out)], [("h", h), ("weight", weight)])
+    m, d, groups, out, scale_out = _check_rmsnorm_args(
+        h, weight, eps, group_size, out, scale_out, normed_out)
     if out is None:
         out = torch.empty(m, d, dtype=FP8_DTYPE, device=h.device)
     if scale_out is None:
@@ -543,7 +569,7 @@ def _k_slice(pid_k, splits, k_steps):
     "K steps [lo, hi) of slice pid_k of `splits`, balanced: sizes differ by 1 at most."
     return pid_k * k_steps // splits, (pid_k + 1) * k_steps // splits
 
-
+# %% ../book/07_kernels.ipynb #40c2c5cc
 @triton.jit
 def _program_tile(M, N, K, splits, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
@@ -571,7 +597,7 @@ def _load_act(a_ptr, a_s_ptr, stride_a, K, k_steps, rm, m_ok, off_m, step,
                     mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
     return a, tl.load(a_s_ptr + rm * k_steps + step, mask=m_ok, other=0.0)
 
-
+# %% ../book/07_kernels.ipynb #e74ef5e8
 @triton.jit
 def _load_weight(w_ptr, w_s_ptr, K, k_steps, rn, n_ok, off_n, step,
                  BLOCK_K: tl.constexpr, TMA: tl.constexpr):
@@ -605,7 +631,7 @@ def _mma(a, w, SWAP: tl.constexpr, EXACT_DOT: tl.constexpr):
     else:
         return _dot_step(a, tl.trans(w), EXACT_DOT)
 
-
+# %% ../book/07_kernels.ipynb #8e2063e4
 @triton.jit
 def _scaled(d, a_s, w_s, SWAP: tl.constexpr):
     "DeepSeek's per-128 promotion, in the reference's order: (dot * a_scale) * w_scale."
@@ -677,9 +703,9 @@ def _tiles(swap, block_m, warps, stages, regs, tma_a=False, group_m=8):
 
 #: Tile configurations per M bucket, (largest M, row): the first bucket with m <= its
 #: bound applies. SWAP: the tokens on the tensor cores' narrow side (16, 32 or 64:
-#: tl.dot needs 16 at least). `regs`: the most registers a thread uses in any launch
-#: of the block, the GPU check or the benchmark (ptxas for sm_90a, triton 3.6 and 3.9;
-#: the compile tests hold the kernels to it), for the occupancy estimate;
+#: tl.dot needs 16 at least). `regs`: a ceiling, the most registers a thread uses in
+#: any launch of the block, appendix C's GPU check or chapter 9's benchmark (ptxas for
+#: sm_90a under triton 3.6 and 3.9), for the occupancy estimate;
 #: `num_stages`: the software pipeline's shared-memory buffers.
 GEMM_TILES = {
     "gemm": ((16, _tiles(True, 16, 4, 6, 96)),
@@ -693,12 +719,16 @@ GEMM_TILES = {
                 (256, _tiles(False, 64, 8, 4, 176, tma_a=True)),
                 (None, _tiles(False, 128, 8, 3, 255, tma_a=True))),
 }
+
+# %% ../book/07_kernels.ipynb #690396ec
 #: The fp32 partials of split-K, written and read back, may cost at most this share of
 #: the weight bytes the launch streams (the reasoning is in the text).
 PARTIAL_BUDGET = 0.10
 #: A K slice keeps at least MIN_STEPS steps of 128 (a pipeline needs some to fill), and
 #: K is cut into at most MAX_SPLIT slices.
 MIN_STEPS, MAX_SPLIT = 4, 32
+
+# %% ../book/07_kernels.ipynb #7d47e251
 #: The same for Ada (compute capability 8.9: L4, L40S, RTX 4090): no wgmma, so no
 #: swap (FP8 `mma.sync` takes 16 rows), no TMA, and 99 KB of shared memory a program.
 #: `mma.sync` holds its operands in registers, so the tiles are smaller: at most 32
@@ -717,12 +747,8 @@ ADA_TILES = {
                 (256, _tiles(False, 32, 8, 2, 184)),
                 (None, _tiles(False, 32, 8, 2, 184))),
 }
-#: Per GPU family (90: Hopper, 89: Ada): its default tiles, and the shared memory and
-#: registers of one SM, for the occupancy estimate (CUDA C++ Programming Guide,
-#: "Technical Specifications per Compute Capability").
+#: Per GPU family (90: Hopper, 89: Ada): its default tiles.
 ARCH_TILES = {90: GEMM_TILES, 89: ADA_TILES}
-SM_SHARED = {90: 228 * 1024, 89: 100 * 1024}
-SM_REGS = 65536
 
 # %% ../book/07_kernels.ipynb #8d2b7c11
 def _tile_row(kind, m, n, k, tiles=None, arch=90):
@@ -732,7 +758,7 @@ def _tile_row(kind, m, n, k, tiles=None, arch=90):
     table = (tiles or {}).get((kind, n, k)) or ARCH_TILES[arch][kind]
     return dict(next(row for bound, row in table if bound is None or m <= bound))
 
-
+# %% ../book/07_kernels.ipynb #3b7085e2
 def _best_split(tiles, k_steps, num_sms, partial, step_bytes, weight_bytes, budget):
     """The number of K slices with the least modelled time, in program-steps: whole
     waves (ceil(programs / SMs)) times the longest slice, plus the partials' bytes as if
@@ -764,6 +790,23 @@ def _check_split_k(split_k):
                                 or not isinstance(split_k, int) or split_k < 1):
         raise ValueError(f"split_k: expected a positive int or None, got {split_k!r}")
 
+# %% ../book/07_kernels.ipynb #af439d67
+#: Shared memory and registers of one SM, for the occupancy estimate (CUDA C++
+#: Programming Guide, "Technical Specifications per Compute Capability").
+SM_SHARED = {90: 228 * 1024, 89: 100 * 1024}
+SM_REGS = 65536
+
+
+def _occupancy(row, outputs, arch):
+    """A tile row's shared-memory estimate (bytes: its pipeline's e4m3 buffers, the
+    scales live in registers) and the programs one SM holds, by shared memory (1 KB
+    reserved a program) and by registers (`regs`, a ceiling, times the threads)."""
+    smem = row["num_stages"] * (outputs * row["BLOCK_N"] + row["BLOCK_M"]) * QUANT_BLOCK
+    threads = 32 * row["num_warps"]
+    per_sm = max(1, min(SM_SHARED[arch] // (smem + 1024),
+                        SM_REGS // (row["regs"] * threads)))
+    return smem, per_sm
+
 # %% ../book/07_kernels.ipynb #6f0e9a3d
 def plan_gemm(kind: str, m: int, n: int, k: int, num_sms: int,
               split_k: int | None = None, budget: float = PARTIAL_BUDGET,
@@ -792,10 +835,7 @@ def plan_gemm(kind: str, m: int, n: int, k: int, num_sms: int,
     _check_offsets("split_k", f"a [{split}, {outputs}, {m}, {n}] workspace",
                    split * outputs * m * n)
     steps, programs = math.ceil(k_steps / split), n_tiles * split
-    smem = row["num_stages"] * (outputs * row["BLOCK_N"] + row["BLOCK_M"]) * QUANT_BLOCK
-    threads = 32 * row["num_warps"]
-    per_sm = max(1, min(SM_SHARED[arch] // (smem + 1024),
-                        SM_REGS // (row["regs"] * threads)))
+    smem, per_sm = _occupancy(row, outputs, arch)
     return dict(row, kind=kind, arch=arch, m=m, n=n, k=k, num_sms=num_sms,
                 tiles=n_tiles,
                 split_k=split, steps=steps, programs=programs, waves=programs / num_sms,
@@ -898,6 +938,37 @@ def _check_fp8_operands(a_name, a, s_name, a_s, w_name, w, ws_name, w_s):
                    m * max(a.stride(0), k), m * n, n * k)
     return m, n, k
 
+
+def _check_gemm_args(a_fp8, a_scale, w_fp8, w_scale, out_dtype, out, split_k):
+    "fp8_gemm's arguments, the operands and the options. Returns (M, N, K, out)."
+    m, n, k = _check_fp8_operands("a_fp8", a_fp8, "a_scale", a_scale,
+                                  "w_fp8", w_fp8, "w_scale", w_scale)
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"out_dtype: expected torch.bfloat16 or torch.float32, "
+                         f"got {out_dtype!r}")
+    _check_split_k(split_k)
+    out = _check_out("out", out, out_dtype, (m, n), a_fp8.device)
+    _check_no_overlap([("out", out)], [("a_fp8", a_fp8), ("a_scale", a_scale),
+                                       ("w_fp8", w_fp8), ("w_scale", w_scale)])
+    return m, n, k, out
+
+
+def _check_down_args(p_fp8, p_scale, down_w, down_scale, residual, out, split_k):
+    """fp8_down_residual's arguments; `out` may be `residual` itself, or a buffer that
+    overlaps no input. Returns (M, d, F, out)."""
+    m, d, f = _check_fp8_operands("p_fp8", p_fp8, "p_scale", p_scale,
+                                  "down_w", down_w, "down_scale", down_scale)
+    _check_rank("residual", residual, 2, "[M, d]")
+    _check_tensor("residual", residual, (torch.bfloat16, torch.float32), (m, d),
+                  p_fp8.device)
+    _check_split_k(split_k)
+    out = _check_out("out", out, residual.dtype, (m, d), p_fp8.device)
+    _check_no_overlap([("out", out)], [("residual", residual), ("p_fp8", p_fp8),
+                                       ("p_scale", p_scale), ("down_w", down_w),
+                                       ("down_scale", down_scale)],
+                      alias_ok={("out", "residual")})
+    return m, d, f, out
+
 # %% ../book/07_kernels.ipynb #939266d1
 def _tma_ok(*tensors) -> bool:
     "Whether TMA can read these 2-d tensors: unit stride along K, 16-byte aligned rows."
@@ -962,15 +1033,8 @@ def fp8_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, w_fp8: torch.Tensor,
     for (None: the device's). `fp8_gemm(*quantize_activation(x), w, s)` matches
     `fp8_linear_w8a8(x, w, s)`.
     """
-    m, n, k = _check_fp8_operands("a_fp8", a_fp8, "a_scale", a_scale,
-                                  "w_fp8", w_fp8, "w_scale", w_scale)
-    if out_dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"out_dtype: expected torch.bfloat16 or torch.float32, "
-                         f"got {out_dtype!r}")
-    _check_split_k(split_k)
-    out = _check_out("out", out, out_dtype, (m, n), a_fp8.device)
-    _check_no_overlap([("out", out)], [("a_fp8", a_fp8), ("a_scale", a_scale),
-                                       ("w_fp8", w_fp8), ("w_scale", w_scale)])
+    m, n, k, out = _check_gemm_args(a_fp8, a_scale, w_fp8, w_scale, out_dtype, out,
+                                   split_k)
     if out is None:
         out = torch.empty(m, n, dtype=out_dtype, device=a_fp8.device)
     if m == 0 or n == 0:
@@ -992,7 +1056,7 @@ def _cut(x: torch.Tensor, bits: int) -> torch.Tensor:
     mant, exp = torch.frexp(x)                    # x = mant * 2^exp, 0.5 <= |mant| < 1
     return torch.trunc(mant * 2.0 ** (bits + 1)) * torch.exp2((exp - bits - 1).double())
 
-
+# %% ../book/07_kernels.ipynb #c1e3005f
 def tensor_core_matmul(a_fp8: torch.Tensor, a_scale: torch.Tensor,
                        w_fp8: torch.Tensor, w_scale: torch.Tensor,
                        acc_bits: int | None = TC_ACC_BITS) -> torch.Tensor:
@@ -1015,7 +1079,7 @@ def tensor_core_matmul(a_fp8: torch.Tensor, a_scale: torch.Tensor,
         acc += step.float() * a_scale[:, kb, None] * w_s[None, :]
     return acc
 
-
+# %% ../book/07_kernels.ipynb #ddb5ba6f
 def tensor_core_error(a_fp8, a_scale, w_fp8, w_scale, rows: int = 256) -> float:
     """The model's relative error against the exact steps on the first `rows` tokens
     (rows are independent, so a few hundred measure it well): what the tensor cores
@@ -1063,7 +1127,7 @@ def _swiglu_quant_store(acc_g, acc_u, q_ptr, q_s_ptr, p_ptr, rm, rn, m_ok, n_ok,
     tl.store(q_ptr + offs, codes, mask=mask)
     tl.store(q_s_ptr + rm * tl.cdiv(F, 128) + group, scale, mask=m_ok)
 
-
+# %% ../book/07_kernels.ipynb #8dd5087e
 @triton.jit
 def _as_rows(acc, SWAP: tl.constexpr):
     "An accumulator as [tokens, features]: transposed back when SWAP."
@@ -1226,17 +1290,8 @@ def fp8_down_residual(p_fp8: torch.Tensor, p_scale: torch.Tensor, down_w: torch.
     `residual + that` to bf16. `out` may be `residual` itself (in place) or a buffer
     that overlaps no input; `split_k`, `num_sms` as in `fp8_gemm`.
     """
-    m, d, f = _check_fp8_operands("p_fp8", p_fp8, "p_scale", p_scale,
-                                  "down_w", down_w, "down_scale", down_scale)
-    _check_rank("residual", residual, 2, "[M, d]")
-    _check_tensor("residual", residual, (torch.bfloat16, torch.float32), (m, d),
-                  p_fp8.device)
-    _check_split_k(split_k)
-    out = _check_out("out", out, residual.dtype, (m, d), p_fp8.device)
-    _check_no_overlap([("out", out)], [("residual", residual), ("p_fp8", p_fp8),
-                                       ("p_scale", p_scale), ("down_w", down_w),
-                                       ("down_scale", down_scale)],
-                      alias_ok={("out", "residual")})
+    m, d, f, out = _check_down_args(p_fp8, p_scale, down_w, down_scale, residual, out,
+                                    split_k)
     if out is None:
         out = torch.empty_like(residual)
     if m == 0 or d == 0:
