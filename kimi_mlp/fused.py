@@ -297,7 +297,7 @@ def _check_capturable(module: FusedFp8DenseMLP) -> None:
                            f"compiled kernels, got {dev} (interpreter "
                            f"{'on' if kernels.INTERPRETED else 'off'})")
 
-
+# %% ../book/08_fused_mlp.ipynb #8643ace5
 def _capture(module: FusedFp8DenseMLP, m: int) -> _Graph:
     """A CUDA graph of `module`'s launches for m tokens, with its own [m, d] bf16 input
     and output and its own intermediates: compiled and run once on a side stream
