@@ -113,7 +113,7 @@ def _specialization(fn, args, kwargs) -> tuple[dict, dict]:
             ints[p.name] = ":" + str(v.dtype).removeprefix("torch.")
     return constexprs, ints
 
-# %% ../book/appendix_d_codegen.ipynb #b7ca2094
+# %% ../book/appendix_d_codegen.ipynb #6f4b00a6
 def _block_workload(block, h):
     from .fused import fused_ffn_block
     fused_ffn_block(h, block)
@@ -139,7 +139,7 @@ WORKLOADS = {"block": (_block_workload, INSPECT_M),
              "gpucheck": (_gpucheck_workload, GPUCHECK_M),
              "bench": (_bench_workload, BENCH_M)}
 
-
+# %% ../book/appendix_d_codegen.ipynb #34cc7cf4
 def compile_launches(ms=INSPECT_M, hidden_size: int = 7168,
                      intermediate_size: int = 18432, sms: int = H200_SMS,
                      arch: int = 90, workloads=("block",)) -> list[dict]:
@@ -150,10 +150,9 @@ def compile_launches(ms=INSPECT_M, hidden_size: int = 7168,
     and one target per process: Triton keeps the first target's kernels per device.
 
     Returns one dict per variant (kernel, constexprs, integer specialization, num_warps,
-    num_stages): `shared` bytes, ptxas `registers`, `stack`, `spill_stores`,
-    `spill_loads`, `matrix` instructions, `smem_buffers`, a PTX `excerpt`, and the
-    `launches` that use it ({workload, m, index: its place among that M's launches,
-    grid})."""
+    num_stages): `shared` bytes, ptxas `registers`, `stack`, `spill_stores` and
+    `spill_loads`, `matrix` instructions, `smem_buffers`, a PTX `excerpt`, and its
+    `launches` ({workload, m, index: its place among that M's launches, grid})."""
     import torch
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
@@ -201,7 +200,7 @@ def compile_launches(ms=INSPECT_M, hidden_size: int = 7168,
         driver.set_active(previous)
     return list(variants.values())
 
-
+# %% ../book/appendix_d_codegen.ipynb #7b4212c1
 def _record(variants, fn, args, kwargs, grid, kernel, where, arch):
     """Add one launch to its variant; a variant's first launch goes through ptxas -v.
     where: (workload, m, index of the launch at that m)."""
@@ -277,7 +276,7 @@ def run_ptxas(ptx: str, arch: int = 90) -> dict[str, dict]:
         raise RuntimeError(f"ptxas failed ({res.returncode}): {res.stderr[-2000:]}")
     return parse_ptxas(res.stdout + res.stderr)
 
-# %% ../book/appendix_d_codegen.ipynb #278a1266
+# %% ../book/appendix_d_codegen.ipynb #b1af5b84
 _MMA = re.compile(r"^\s*(wgmma\.mma_async|mma\.sync)\S*")
 _SHAPE = re.compile(r"\.(m\d+n\d+k\d+)\.")
 _WAIT = re.compile(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)")
@@ -319,7 +318,7 @@ def matrix_instructions(ptx: str) -> dict:
             "wgmma_waits": sorted({int(n) for n in _WAIT.findall(ptx)}),
             "first_line": first, "conversions": {c: ptx.count(c) for c in CONVERSIONS}}
 
-
+# %% ../book/appendix_d_codegen.ipynb #6fe4094c
 _ALLOC = re.compile(r"%([A-Za-z]\w*?)(?:_\d+)? = ttg\.local_alloc\s*:\s*\(\)\s*->\s*"
                     r"!ttg\.memdesc<([\dx]+)x([a-z]+)(\d+)")
 
@@ -338,7 +337,7 @@ def shared_buffers(ttgir: str) -> list[dict]:
                     "bytes": n * int(bits) // 8})
     return out
 
-
+# %% ../book/appendix_d_codegen.ipynb #66d67214
 _REG_COPY = re.compile(r"mov\.b32\s+%r\d+,\s*%r\d+;")
 
 
@@ -363,7 +362,7 @@ def ptx_excerpt(ptx: str, before: int = 6, after: int = 3,
     near = [" ".join(s.split()) for s in near]
     return [s if len(s) <= width else s[:width - 1] + "…" for s in near]
 
-# %% ../book/appendix_d_codegen.ipynb #d1fb921f
+# %% ../book/appendix_d_codegen.ipynb #c6493a2b
 def _worker(argv=None) -> int:
     "The child process of `inspect_kernels`: compile, then write the report as JSON."
     p = argparse.ArgumentParser(prog="kimi_mlp.codegen worker")
@@ -392,7 +391,7 @@ def _worker(argv=None) -> int:
     Path(a.out).write_text(json.dumps(report, indent=1))
     return 0
 
-
+# %% ../book/appendix_d_codegen.ipynb #395d0453
 def _check_positive(name, v):
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise ValueError(f"{name}: expected a positive int, got {v!r}")
@@ -445,7 +444,7 @@ def inspect_kernels(ms=INSPECT_M, hidden_size: int = 7168,
                                f"exit status {res.returncode}:\n{res.stderr[-4000:]}")
         return json.loads(out.read_text())
 
-# %% ../book/appendix_d_codegen.ipynb #8faf448a
+# %% ../book/appendix_d_codegen.ipynb #8fbdaa28
 def short_name(kernel: str) -> str:
     "`_fp8_gemm_kernel` -> `fp8_gemm`: the kernel's name without the decoration."
     return kernel.strip("_").removesuffix("_kernel")
@@ -462,7 +461,7 @@ def matrix_summary(matrix: dict) -> str:
     cvt = "<-e4m3" if matrix["fp8_to_f16"] and matrix["cvt_first"] else ""
     return f"{matrix['kind']} {shapes}{cvt}"
 
-
+# %% ../book/appendix_d_codegen.ipynb #f8fd4322
 def _m_ranges(ms: list[int], order: list[int]) -> str:
     "M values as runs of consecutive entries of `order`: [64, 128, 1024] -> '64-1024'."
     idx = sorted(order.index(m) for m in set(ms))
@@ -483,7 +482,7 @@ def _tile(constexprs: dict) -> str:
     return " ".join(f"{k} {v}" for k, v in constexprs.items()
                     if k.startswith("BLOCK") or k == "GROUP")
 
-
+# %% ../book/appendix_d_codegen.ipynb #26979bc7
 def table_rows(report: dict) -> list[dict]:
     "The report's variants as table rows (dicts of strings and ints), kernel by kernel."
     vs, order = report["variants"], list(report["ms"])
@@ -521,7 +520,7 @@ def format_table(report: dict) -> str:
             f"intermediate {report['intermediate_size']}")
     return "\n".join([head, line({c: c for c in cols}), *map(line, rows)])
 
-# %% ../book/appendix_d_codegen.ipynb #e503d398
+# %% ../book/appendix_d_codegen.ipynb #098b988b
 def _workloads(text: str) -> tuple[str, ...]:
     names = tuple(s for s in text.split(",") if s)
     if not names or not set(names) <= set(WORKLOADS):
@@ -529,7 +528,7 @@ def _workloads(text: str) -> tuple[str, ...]:
             f"expected names from {','.join(WORKLOADS)}, got {text!r}")
     return names
 
-
+# %% ../book/appendix_d_codegen.ipynb #7b41be85
 def main(argv=None) -> int:
     """`python -m kimi_mlp inspect [--arch sm_89] [--m 1,16,4096] [--json FILE]`; the
     exit status."""

@@ -284,11 +284,10 @@ class _Fp8LinearFrom:
 
 # %% ../book/05_fp8.ipynb #85bd40bb
 class Fp8Linear(_Fp8LinearFrom, nn.Module):
-    """A bias-free Linear whose weight is stored as in the checkpoint: buffers `weight`
-    ([out_features, in_features] float8_e4m3fn) and `weight_scale_inv`
-    ([ceil(out/bn), ceil(in/bk)] float32). `mode` picks the forward: "w8a16"
-    (dequantize, matmul in the activation dtype) or "w8a8" (quantize activations per
-    1 x 128 group, float32 accumulation)."""
+    """A bias-free Linear holding its weight as the checkpoint does: buffers `weight`
+    [out, in] float8_e4m3fn and `weight_scale_inv` [ceil(out/bn), ceil(in/bk)] float32.
+    `mode` picks the forward: "w8a16" (dequantize, matmul in the activation dtype) or
+    "w8a8" (activations quantized per 1 x 128 group, float32 accumulation)."""
 
     def __init__(self, in_features: int, out_features: int, block_size=(128, 128),
                  mode: str = "w8a16"):

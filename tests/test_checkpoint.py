@@ -178,6 +178,27 @@ def test_round_trip_and_forward(tmp_path, layout):
                 assert err <= ck.CHECK_BOUNDS[mode], (mode, err)
 
 
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_check_bounds_pass_the_forwards_and_fail_a_5_percent_error(tmp_path, seed):
+    """CHECK_BOUNDS on `check`'s inputs (its synthetic checkpoint, 8 tokens from its
+    generator): each real forward passes with margin, and the same output with an extra
+    5% error (scaled by 1.05, or 5% of independent noise added) fails."""
+    root = write_synthetic_checkpoint(tmp_path / "c", seed=seed, norm_separate=True)
+    block = load_dense_block(root)
+    h = torch.randn(8, 256, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    ref = dense_block_float64(block, h)
+    noise = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1),
+                        dtype=torch.float64)
+    noise *= 0.05 * ref.norm() / noise.norm()
+    for mode, bound in ck.CHECK_BOUNDS.items():
+        block.mlp.mode = mode
+        with torch.no_grad():
+            out = block(h).double()
+        assert relative_error(out, ref) <= 0.8 * bound, mode
+        assert relative_error(1.05 * out, ref) > bound, mode
+        assert relative_error(out + noise, ref) > bound, mode
+
 def test_not_a_dense_layer_and_out_of_range(tmp_path):
     root = write_synthetic_checkpoint(tmp_path / "c", num_layers=2)
     with pytest.raises(ValueError, match="layer: expected a dense layer .* got 1, a mixture-of-experts"):
