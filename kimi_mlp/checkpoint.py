@@ -19,18 +19,19 @@ from kimi_mlp.config import (
     MAX_LAYERS, KimiK2Config, count_parameters, dense_mlp_parameters, dense_mlp_shapes,
     scale_shape)
 from .fp8 import (
-    FP8_MAX, FP8_MODES, Fp8DenseMLP, dequantize_weight_blockwise,
+    FP8_MAX, FP8_MODES, Fp8DenseMLP, dequantize_weight_blockwise, quantize_activation,
     quantize_weight_blockwise)
-from .rmsnorm import RMSNorm
+from .rmsnorm import RMSNorm, rms_norm
 from .safetensors_io import (
     INDEX_FILE, SAFETENSORS_DTYPES, SINGLE_FILE, CheckpointError, as_path,
     atomic_directory, check_extra_tensors, checkpoint_root, open_regular_file,
     read_layout, read_safetensors_layout, resolve_tensor_files, shard_file_names)
 
 # %% auto #0
-__all__ = ['KIMI_SHARD_NAME', 'K2_0905_SHARD_NAME', 'SMALL_CONFIG', 'SCALE_RANGE', 'CHECK_BOUNDS', 'dense_block_tensors',
-           'synthetic_weight', 'synthetic_norm_gain', 'synthetic_shards', 'write_synthetic_checkpoint', 'read_tensors',
-           'load_dense_block', 'dense_block_float64', 'relative_error']
+__all__ = ['KIMI_SHARD_NAME', 'K2_0905_SHARD_NAME', 'SMALL_CONFIG', 'SCALE_RANGE', 'CHECK_ORACLES', 'CHECK_BOUNDS',
+           'dense_block_tensors', 'synthetic_weight', 'synthetic_norm_gain', 'synthetic_shards',
+           'write_synthetic_checkpoint', 'read_tensors', 'load_dense_block', 'dense_block_float64',
+           'dense_block_w8a8_float64', 'relative_error']
 
 # %% ../book/06_checkpoint.ipynb #e4aec313
 KIMI_SHARD_NAME = "model-{i}-of-{n}.safetensors"            # K2-Instruct: model-1-of-61
@@ -326,27 +327,59 @@ def load_dense_block(checkpoint_dir, layer: int = 0, config: KimiK2Config | None
     return block.to(device)
 
 # %% ../book/06_checkpoint.ipynb #54c867a3
+def _weights_float64(mlp: Fp8DenseMLP) -> dict[str, torch.Tensor]:
+    "The three projections' weights, dequantized to float64 on the CPU: [N, K] each."
+    return {name: dequantize_weight_blockwise(     # exact in float64: 4 x 24 bits
+                getattr(mlp, name).weight.cpu(),
+                getattr(mlp, name).weight_scale_inv.cpu(),
+                mlp.block_size, dtype=torch.float64)
+            for name in ("gate_proj", "up_proj", "down_proj")}
+
+
 def dense_block_float64(block: ResidualBlock, h: torch.Tensor) -> torch.Tensor:
     """The block's FFN half in float64 on its dequantized weights, an oracle for the FP8
-    forwards.
+    forwards (`check` holds w8a16 to it).
 
     h: [..., hidden] (any floating dtype) -> [..., hidden] float64:
     `h + down(silu(gate(x)) * up(x))` with `x = rms_norm(h)` computed without
     intermediate rounding.
     """
-    norm, mlp = block.post_attention_layernorm, block.mlp
+    norm, w = block.post_attention_layernorm, _weights_float64(block.mlp)
     h64 = h.detach().double().cpu()
     gain = norm.weight.detach().double().cpu()
     x = h64 * torch.rsqrt(h64.pow(2).mean(-1, keepdim=True) + norm.eps) * gain
-    w = {name: dequantize_weight_blockwise(     # exact in float64: 4 x 24 bits
-             getattr(mlp, name).weight.cpu(), getattr(mlp, name).weight_scale_inv.cpu(),
-             mlp.block_size, dtype=torch.float64)
-         for name in ("gate_proj", "up_proj", "down_proj")}
     g, u = x @ w["gate_proj"].T, x @ w["up_proj"].T
     return h64 + (g * torch.sigmoid(g) * u) @ w["down_proj"].T
 
+# %% ../book/06_checkpoint.ipynb #69e62021
+def _quantized_float64(a: torch.Tensor) -> torch.Tensor:
+    """`a` [..., K] through `quantize_activation` (1 x 128 groups, on a's device; a
+    float64 `a` is rounded to float32 first), its codes times their scales in float64
+    (exact): [..., K] float64 on the CPU."""
+    codes, scale = quantize_activation(a)
+    scale = scale.double().repeat_interleave(128, dim=-1)[..., :a.shape[-1]]
+    return codes.double().cpu() * scale.cpu()
 
-CHECK_BOUNDS = {"w8a16": 2.0 ** -6, "w8a8": 3 / 64}   # check's relative errors (text)
+
+def dense_block_w8a8_float64(block: ResidualBlock, h: torch.Tensor) -> torch.Tensor:
+    """The block's FFN half with the w8a8 forward's three activation quantizations and
+    everything else in float64: the oracle `check` holds the "w8a8" forward to.
+
+    h: [..., hidden] (the block's input) -> [..., hidden] float64:
+    `h + down(q(silu(gate(q(x))) * up(q(x))))`, where `x = rms_norm(h)` in h's dtype on
+    h's device (the forward's x, bit for bit) and `q` is `quantize_activation`,
+    dequantized; the GEMMs, SwiGLU and the residual add are float64.
+    """
+    norm, w = block.post_attention_layernorm, _weights_float64(block.mlp)
+    h = h.detach()
+    x = _quantized_float64(rms_norm(h, norm.weight.detach(), norm.eps))
+    g, u = x @ w["gate_proj"].T, x @ w["up_proj"].T
+    p = _quantized_float64(g * torch.sigmoid(g) * u)  # float32, like the forward's p
+    return h.double().cpu() + p @ w["down_proj"].T
+
+
+CHECK_ORACLES = {"w8a16": dense_block_float64, "w8a8": dense_block_w8a8_float64}
+CHECK_BOUNDS = {"w8a16": 2.0 ** -6, "w8a8": 2.0 ** -7}  # relative errors (text above)
 
 
 def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:

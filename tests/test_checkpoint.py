@@ -12,7 +12,8 @@ from safetensors.torch import save_file
 import kimi_mlp.checkpoint as ck
 from kimi_mlp.block import ResidualBlock
 from kimi_mlp.checkpoint import (K2_0905_SHARD_NAME, dense_block_float64, dense_block_tensors,
-                                 load_dense_block, relative_error, write_synthetic_checkpoint)
+                                 dense_block_w8a8_float64, load_dense_block, relative_error,
+                                 write_synthetic_checkpoint)
 from kimi_mlp.cli import main
 from kimi_mlp.config import KimiK2Config, count_parameters, dense_mlp_parameters
 from kimi_mlp.safetensors_io import (INDEX_FILE, CheckpointError, checkpoint_tensors,
@@ -174,30 +175,82 @@ def test_round_trip_and_forward(tmp_path, layout):
                 block.mlp.mode = by_hand.mlp.mode = mode
                 y = block(h)
                 assert y.dtype == torch.bfloat16 and torch.equal(y, by_hand(h)), mode
-                err = relative_error(y, dense_block_float64(block, h))
+                err = relative_error(y, ck.CHECK_ORACLES[mode](block, h))
                 assert err <= ck.CHECK_BOUNDS[mode], (mode, err)
 
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+def _forward_and_wrong(block, h, ref):
+    "The forward's output, the same with its MLP part 5% too large, and with 5% of noise."
+    with torch.no_grad():
+        out = block(h).double()
+    noise = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    noise *= 0.05 * ref.norm() / noise.norm()
+    h64 = h.double()
+    return out, h64 + 1.05 * (out - h64), out + noise
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3, 4])
 def test_check_bounds_pass_the_forwards_and_fail_a_5_percent_error(tmp_path, seed):
-    """CHECK_BOUNDS on `check`'s inputs (its synthetic checkpoint, 8 tokens from its
-    generator): each real forward passes with margin, and the same output with an extra
-    5% error (scaled by 1.05, or 5% of independent noise added) fails."""
+    """CHECK_BOUNDS with CHECK_ORACLES on `check`'s inputs (its synthetic checkpoint, 8 tokens
+    from its generator): each real forward passes with a margin of 2, and the same output with
+    an extra 5% error (its MLP part scaled by 1.05, or 5% of independent noise added) fails."""
     root = write_synthetic_checkpoint(tmp_path / "c", seed=seed, norm_separate=True)
     block = load_dense_block(root)
     h = torch.randn(8, 256, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
-    ref = dense_block_float64(block, h)
-    noise = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1),
-                        dtype=torch.float64)
-    noise *= 0.05 * ref.norm() / noise.norm()
     for mode, bound in ck.CHECK_BOUNDS.items():
         block.mlp.mode = mode
-        with torch.no_grad():
-            out = block(h).double()
-        assert relative_error(out, ref) <= 0.8 * bound, mode
+        ref = ck.CHECK_ORACLES[mode](block, h)
+        out, larger, noisy = _forward_and_wrong(block, h, ref)
+        assert relative_error(out, ref) <= 0.5 * bound, mode
+        assert relative_error(larger, ref) > bound, mode
         assert relative_error(1.05 * out, ref) > bound, mode
-        assert relative_error(out + noise, ref) > bound, mode
+        assert relative_error(noisy, ref) > bound, mode
+    assert ck.CHECK_BOUNDS["w8a8"] < relative_error(out, dense_block_float64(block, h))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("how", ["h_small", "gain_large", "ragged_one_token"])
+def test_w8a8_oracle_when_the_mlp_dominates_the_output(tmp_path, seed, how):
+    """dense_block_w8a8_float64 agrees with the w8a8 forward within half of its bound when the
+    MLP's output is nearly all of the block's output (h scaled by 2^-8, or a gain 16 times
+    larger; a partial quantization group and one token), and a 5% error still fails; the
+    unquantized oracle would fail the forward there."""
+    config = RAGGED if how == "ragged_one_token" else None
+    root = write_synthetic_checkpoint(tmp_path / "c", config=config, seed=seed)
+    block = load_dense_block(root, mode="w8a8")
+    d, m = block.config.hidden_size, 1 if how == "ragged_one_token" else 8
+    h = torch.randn(m, d, generator=torch.Generator().manual_seed(seed))
+    h = h * 2.0 ** -8 if how != "gain_large" else h
+    h = h.to(torch.bfloat16)
+    if how == "gain_large":
+        block.post_attention_layernorm.weight.mul_(16)          # exact in bf16
+    ref, bound = dense_block_w8a8_float64(block, h), ck.CHECK_BOUNDS["w8a8"]
+    assert ref.dtype == torch.float64 and ref.shape == h.shape
+    y = ref - h.double()
+    assert y.norm() > 0.9 * ref.norm()                               # the MLP dominates
+    out, larger, noisy = _forward_and_wrong(block, h, ref)
+    assert relative_error(out, ref) <= 0.5 * bound
+    assert relative_error(larger, ref) > bound and relative_error(noisy, ref) > bound
+    assert relative_error(out, dense_block_float64(block, h)) > bound
+
+
+def test_w8a8_oracle_quantizes_where_the_forward_does(tmp_path):
+    """Without the output's two bf16 roundings (the forward's MLP part kept in float32) the
+    w8a8 forward equals the oracle to float32 accumulation: its x codes are the forward's."""
+    block = load_dense_block(write_synthetic_checkpoint(tmp_path / "c"), mode="w8a8")
+    h = torch.randn(4, 256, generator=torch.Generator().manual_seed(2)).to(torch.bfloat16)
+    mlp = block.mlp
+    with torch.no_grad():
+        x = block.post_attention_layernorm(h)
+        g = mlp.gate_proj(x, out_dtype=torch.float32)
+        u = mlp.up_proj(x, out_dtype=torch.float32)
+        y32 = mlp.down_proj(torch.nn.functional.silu(g) * u, out_dtype=torch.float32)
+    ref = dense_block_w8a8_float64(block, h)
+    assert relative_error(h.double() + y32.double(), ref) < 1e-5
+    zero = dense_block_w8a8_float64(block, torch.zeros(2, 256, dtype=torch.bfloat16))
+    assert torch.equal(zero, torch.zeros(2, 256, dtype=torch.float64))   # no NaN from 0/0
+
 
 def test_not_a_dense_layer_and_out_of_range(tmp_path):
     root = write_synthetic_checkpoint(tmp_path / "c", num_layers=2)
