@@ -179,7 +179,7 @@ HOST_TARGET_US = 15.0  # target 5: µs of Python per eager decode call of the mo
 
 
 def host_target(host_us: float | None) -> dict:
-    "Target 5 judged on a host time in µs (chapter 8's measurement); None: not judged."
+    "Target 5 judged on a host time in µs (measured as in chapter 8); None: not judged."
     return _target(
         f"host time of an eager decode call <= {HOST_TARGET_US:.0f} µs",
         "µs of Python per FusedFp8DenseMLP call at M = 1, launches stubbed",

@@ -366,8 +366,8 @@ def dense_block_w8a8_float64(block: ResidualBlock, h: torch.Tensor) -> torch.Ten
     everything else in float64: the oracle `check` holds the "w8a8" forward to.
 
     h: [..., hidden] (the block's input) -> [..., hidden] float64:
-    `h + down(q(silu(gate(q(x))) * up(q(x))))`, where `x = rms_norm(h)` in h's dtype on
-    h's device (the forward's x, bit for bit) and `q` is `quantize_activation`,
+    `h + down(Q(silu(gate(Q(x))) * up(Q(x))))`, where `x = rms_norm(h)` in h's dtype on
+    h's device (the forward's x, bit for bit) and `Q` is `quantize_activation`,
     dequantized; the GEMMs, SwiGLU and the residual add are float64.
     """
     norm, w = block.post_attention_layernorm, _weights_float64(block.mlp)

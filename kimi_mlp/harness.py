@@ -547,7 +547,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
 # %% ../book/appendix_e_harness.ipynb #83e83907
 def main(argv=None) -> int:
-    """`python -m kimi_mlp bench [options]` (and `python -m kimi_mlp.bench`). Returns
+    """`python -m kimi_mlp bench [options]`. Returns
     the exit status."""
     p = argparse.ArgumentParser(
         prog="python -m kimi_mlp bench",

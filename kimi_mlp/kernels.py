@@ -704,7 +704,7 @@ def _tiles(swap, block_m, warps, stages, regs, tma_a=False, group_m=8):
 #: Tile configurations per M bucket, (largest M, row): the first bucket with m <= its
 #: bound applies. SWAP: the tokens on the tensor cores' narrow side (16, 32 or 64:
 #: tl.dot needs 16 at least). `regs`: a ceiling, the most registers a thread uses in
-#: any launch of the block, appendix C's GPU check or chapter 9's benchmark (ptxas for
+#: any launch of the block, appendix C's GPU check or appendix E's benchmark (ptxas for
 #: sm_90a under triton 3.6 and 3.9), for the occupancy estimate;
 #: `num_stages`: the software pipeline's shared-memory buffers.
 GEMM_TILES = {

@@ -27,7 +27,7 @@ class BookMode:
     interpreter at small widths. `device`: where the tensors live. `reason`: which, and
     why, in one line. `rehearsal`: the GPU code run on the CPU, through the interpreter,
     at the small widths and untimed, so that a machine without a GPU can check that it
-    runs (set KIMI_BOOK_MODE=rehearsal; for tests, never for numbers)."""
+    runs (set KIMI_BOOK_MODE=rehearsal; for checking the code path, never for numbers)."""
 
     gpu: bool
     device: torch.device
@@ -141,7 +141,7 @@ def _poison(t):
 def poisoned_allocations():
     """Inside the block, `torch.empty`, `torch.empty_like` and `Tensor.new_empty` return
     floating tensors filled with NaN (fp8: code 0x7F), so an output element a kernel
-    never writes is caught. For tests and checks only: it patches torch globally and is
+    never writes is caught. For checks only: it patches torch globally and is
     not thread-safe."""
     empty, empty_like, new_empty = torch.empty, torch.empty_like, torch.Tensor.new_empty
     torch.empty = lambda *a, **k: _poison(empty(*a, **k))

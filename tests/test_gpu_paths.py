@@ -194,11 +194,11 @@ def test_the_timed_sweep_and_its_targets_with_a_stand_in_timer(fake_gpu, monkeyp
     block on the CPU, as if a GPU were there; then run_bench judges the targets of the
     record it gets (check_targets) and writes it."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(measure, "time_ms", stand_in_time_ms)
+    monkeypatch.setattr(harness, "time_ms", stand_in_time_ms)
     monkeypatch.setattr(measure, "time_ms", stand_in_time_ms)
     small = functools.partial(provenance.measure_ceilings, copy_numel=4096,
                               shapes=((32, 64, 128),))
-    monkeypatch.setattr(provenance, "measure_ceilings", small)
+    monkeypatch.setattr(harness, "measure_ceilings", small)
     record = harness.bench((1, 3), ("fused", "unfused_w8a8"), hidden_size=256,
                            intermediate_size=640, device="cpu", log=lambda line: None)
     assert record["kind"] == "measurement" and record["complete"]
@@ -440,7 +440,7 @@ def test_rate_and_the_checks_timings_with_a_stand_in_timer(monkeypatch):
 def test_a_tune_bucket_is_checked_then_timed(monkeypatch):
     """tune_bucket's timed path with a stand-in timer: every candidate passes the check
     against the first, and the fastest (here all equal: the first) is kept."""
-    monkeypatch.setattr(measure, "time_ms", stand_in_time_ms)
+    monkeypatch.setattr(tune, "time_ms", stand_in_time_ms)
     row = tune.tune_bucket("gemm", 16, "cpu", 132, m=3, n_k=(256, 384),
                               log=lambda line: None)
     assert row["median_us"] == row["default_us"] == 2000.0
