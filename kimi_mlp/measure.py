@@ -27,7 +27,7 @@ class BookMode:
     interpreter at small widths. `device`: where the tensors live. `reason`: which, and
     why, in one line. `rehearsal`: the GPU code run on the CPU, through the interpreter,
     at the small widths and untimed, so that a machine without a GPU can check that it
-    runs (set KIMI_BOOK_MODE=rehearsal; for checking the code path, never for numbers)."""
+    runs (set KIMI_BOOK_MODE=rehearsal; for the code path, never for numbers)."""
 
     gpu: bool
     device: torch.device
