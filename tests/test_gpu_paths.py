@@ -432,9 +432,14 @@ def test_rate_and_the_checks_timings_with_a_stand_in_timer(monkeypatch):
     assert r["floor_ms"] == pytest.approx(1.0) and "reached at 50%" in r["line"]
     block = random_dense_block(256, 640, seed=2)
     h = torch.randn(3, 256).to(torch.bfloat16)
-    t = gpu_check.time_block(FusedFp8DenseMLP(block), block, gpu_check.dequantized_weights(block),
-                           h, True, 10)
+    fused, w16 = FusedFp8DenseMLP(block), gpu_check.dequantized_weights(block)
+    t = gpu_check.time_block(fused, block, w16, h, True, 10)
     assert t == {"fused_ms": 2.0, "torch_bf16_ms": 2.0, "timer": "cudagraph"}
+    # one row of the check as a GPU makes it: the checks, then the timings (M = 3 is
+    # above graph_max_m here, so events)
+    args = types.SimpleNamespace(graph_max_m=2, rep_ms=10)
+    row = gpu_check._check_m(block, fused, w16, h, args, timed=True)
+    assert row["ok"] and (row["fused_ms"], row["timer"]) == (2.0, "events")
 
 
 def test_a_tune_bucket_is_checked_then_timed(monkeypatch):
