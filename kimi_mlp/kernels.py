@@ -2,9 +2,10 @@
 
 # %% auto #0
 __all__ = ['INTERPRETED', 'NATIVE', 'QUANT_BLOCK', 'GEMM_TILES', 'PARTIAL_BUDGET', 'MIN_STEPS', 'MAX_SPLIT', 'ADA_TILES',
-           'ARCH_TILES', 'SM_SHARED', 'SM_REGS', 'TC_ACC_BITS', 'TC_CHUNK', 'dequantize_blockwise_triton', 'act_quant',
-           'rmsnorm_quant', 'plan_gemm', 'device_sms', 'device_arch', 'fp8_gemm', 'tensor_core_matmul',
-           'tensor_core_error', 'tensor_core_mlp', 'fp8_gate_up_swiglu_quant', 'fp8_down_residual']
+           'ARCH_TILES', 'SM_SHARED', 'SM_REGS', 'TC_ACC_BITS', 'TC_CHUNK', 'dequantize_blockwise_triton',
+           'decode_e4m3', 'act_quant', 'rmsnorm_quant', 'plan_gemm', 'device_sms', 'device_arch', 'fp8_gemm',
+           'tensor_core_matmul', 'tensor_core_error', 'tensor_core_mlp', 'fp8_gate_up_swiglu_quant',
+           'fp8_down_residual']
 
 # %% ../book/07_kernels.ipynb #0d3698a5
 import functools
@@ -315,6 +316,56 @@ def dequantize_blockwise_triton(w_fp8: torch.Tensor, weight_scale_inv: torch.Ten
                              BLOCK_N=bn, BLOCK_K=bk, ROUND_BF16=dtype == torch.bfloat16,
                              NATIVE=_native(w_fp8.device),
                              num_warps=8 if bn * bk >= 128 * 128 else 4)
+    return out
+
+# %% ../book/07_kernels.ipynb #a8a5b998
+@triton.jit
+def _e4m3_decode(code, BF16: tl.constexpr):
+    """code: e4m3 bit patterns as uint8 -> their exact values as bf16 (BF16) or fp16,
+    from integer operations alone: no e4m3 type, which GPUs before sm_89 lack."""
+    c = code.to(tl.int32)
+    sign, e, m = (c >> 7) & 1, (c >> 3) & 0xF, c & 0x7
+    sub = e == 0                                  # subnormal: m * 2^-9
+    p = (m >= 2).to(tl.int32) + (m >= 4).to(tl.int32)    # its leading bit
+    exp2 = tl.where(sub, p - 9, e - 7)            # the value's power of two
+    frac = tl.where(sub, (m - (1 << p)) << (3 - p), m)    # 3 fraction bits
+    if BF16:   # 8 exponent bits (bias 127), 7 fraction bits
+        bits = (sign << 15) | ((exp2 + 127) << 7) | (frac << 4)
+        nan = 0x7FC0
+    else:      # fp16: 5 exponent bits (bias 15), 10 fraction bits
+        bits = (sign << 15) | ((exp2 + 15) << 10) | (frac << 7)
+        nan = 0x7E00
+    bits = tl.where(sub & (m == 0), sign << 15, bits)               # +0 and -0
+    bits = tl.where((c & 0x7F) == 0x7F, (sign << 15) | nan, bits)   # 0x7F, 0xFF
+    return bits.to(tl.int16).to(tl.bfloat16 if BF16 else tl.float16, bitcast=True)
+
+
+@triton.jit
+def _decode_kernel(c_ptr, out_ptr, n, BF16: tl.constexpr, BLOCK: tl.constexpr):
+    "out[i] = the value of the e4m3 code c[i], for i < n."
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    code = tl.load(c_ptr + offs, mask=mask, other=0)
+    tl.store(out_ptr + offs, _e4m3_decode(code, BF16), mask=mask)
+
+# %% ../book/07_kernels.ipynb #4ba5fc67
+def decode_e4m3(codes: torch.Tensor, dtype=torch.bfloat16) -> torch.Tensor:
+    """The values of e4m3 codes (uint8, or float8_e4m3fn read as bytes) as `dtype`,
+    bf16 or fp16, decoded by `_e4m3_decode`: exact, NaN for 0x7F and 0xFF, -0 kept."""
+    tensor = isinstance(codes, torch.Tensor)
+    if not tensor or codes.dtype not in (torch.uint8, FP8_DTYPE):
+        got = codes.dtype if tensor else type(codes).__name__
+        raise TypeError("codes: expected a torch.uint8 or torch.float8_e4m3fn tensor, "
+                        f"got {got}")
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError("dtype: expected torch.bfloat16 or torch.float16, "
+                         f"got {dtype!r}")
+    u8 = codes.contiguous().view(torch.uint8)
+    _check_offsets("codes", f"{u8.numel():,} codes", u8.numel())
+    out = torch.empty(u8.shape, dtype=dtype, device=u8.device)
+    if u8.numel():
+        _decode_kernel[(triton.cdiv(u8.numel(), 1024),)](
+            u8, out, u8.numel(), BF16=dtype == torch.bfloat16, BLOCK=1024)
     return out
 
 # %% ../book/07_kernels.ipynb #2ebdaef4

@@ -276,3 +276,31 @@ def test_every_gpu_check_and_benchmark_variant_compiles_without_spills(tmp_path,
             assert same and v["registers"] <= max(same), (name, v["registers"], same)
     table = format_table(report)
     assert res.stdout.startswith(table + "\n")
+
+
+_DECODE_COMPILE = """
+import json, os
+os.environ["TRITON_INTERPRET"] = "0"
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from kimi_mlp import kernels
+out = {}
+for arch, bf16 in ((75, False), (80, True), (86, True)):
+    sig = {"c_ptr": "*u8", "out_ptr": "*bf16" if bf16 else "*fp16", "n": "i32",
+           "BF16": "constexpr", "BLOCK": "constexpr"}
+    src = ASTSource(kernels._decode_kernel, sig, {"BF16": bf16, "BLOCK": 1024})
+    ptx = triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm["ptx"]
+    out[arch] = {"e4m3": "e4m3" in ptx, "target": f".target sm_{arch}" in ptx}
+print(json.dumps(out))
+"""
+
+
+def test_the_byte_decode_compiles_for_gpus_without_e4m3():
+    """`_decode_kernel` (chapter 7's e4m3 decode from bytes) compiles for Turing (fp16)
+    and Ampere (bf16), targets where Triton has no e4m3 type, and its PTX names none."""
+    res = subprocess.run([sys.executable, "-c", _DECODE_COMPILE], capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got == {str(a): {"e4m3": False, "target": True} for a in (75, 80, 86)}, got

@@ -798,3 +798,36 @@ def test_offset_guards_cover_every_wrapper():
         K.act_quant(big)
     with pytest.raises(ValueError, match="32-bit element offsets"):
         K.rmsnorm_quant(big, torch.ones(256, dtype=torch.bfloat16, device="meta"))
+
+
+# --- the e4m3 decode from bytes (GPUs without an e4m3 type) --------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_the_byte_decode_is_exact_for_all_256_codes(dtype):
+    """Every code against torch's own cast, bit for bit: normals, the 7 subnormals of
+    each sign, +0 and -0 (sign kept), and NaN for exactly 0x7F and 0xFF."""
+    codes = torch.arange(256, dtype=torch.uint8)
+    got, ref = K.decode_e4m3(codes, dtype), codes.view(torch.float8_e4m3fn).float().to(dtype)
+    nan = torch.isnan(ref)
+    assert torch.isnan(got).nonzero().flatten().tolist() == [0x7F, 0xFF]
+    assert torch.equal(torch.isnan(got), nan)
+    assert torch.equal(got[~nan].view(torch.int16), ref[~nan].view(torch.int16))
+    assert got[0x80].view(torch.int16).item() == -32768            # -0, not +0
+
+
+def test_the_byte_decode_reads_fp8_tensors_through_a_byte_view():
+    w = torch.randn(130, 257).to(torch.float8_e4m3fn)[:, 3:200]     # not contiguous
+    assert torch.equal(K.decode_e4m3(w).float(), w.float())
+    assert K.decode_e4m3(torch.empty(0, 5, dtype=torch.uint8)).shape == (0, 5)
+
+
+@pytest.mark.parametrize("args, error, match", [
+    ((torch.zeros(3),), TypeError, "codes: expected a torch.uint8 or torch.float8_e4m3fn"
+                                   " tensor, got torch.float32"),
+    (([1, 2],), TypeError, "codes: .* got list"),
+    ((torch.zeros(3, dtype=torch.uint8), torch.float32), ValueError,
+     "dtype: expected torch.bfloat16 or torch.float16, got torch.float32"),
+])
+def test_the_byte_decode_refuses_bad_input(args, error, match):
+    with pytest.raises(error, match=match):
+        K.decode_e4m3(*args)
