@@ -4,7 +4,7 @@
 __all__ = ['INTERPRETED', 'NATIVE', 'QUANT_BLOCK', 'GEMM_TILES', 'PARTIAL_BUDGET', 'MIN_STEPS', 'MAX_SPLIT', 'ADA_TILES',
            'ARCH_TILES', 'SM_SHARED', 'SM_REGS', 'TC_ACC_BITS', 'TC_CHUNK', 'dequantize_blockwise_triton',
            'decode_e4m3', 'act_quant', 'rmsnorm_quant', 'plan_gemm', 'device_sms', 'device_arch', 'fp8_gemm',
-           'tensor_core_matmul', 'tensor_core_error', 'tensor_core_mlp', 'fp8_gate_up_swiglu_quant',
+           'tensor_core_matmul', 'tensor_core_error', 'tensor_core_mlp', 'w8a16_gemm', 'fp8_gate_up_swiglu_quant',
            'fp8_down_residual']
 
 # %% ../book/07_kernels.ipynb #0d3698a5
@@ -1153,6 +1153,66 @@ def tensor_core_mlp(x_fp8, x_scale, gate_w, gate_scale, up_w, up_scale, down_w=N
     if down_w is not None:
         p_fp8, p_scale = (v.to(g.device) for v in quantize_activation(out["p"].cpu()))
         out["y"] = tensor_core_matmul(p_fp8, p_scale, down_w, down_scale, acc_bits)
+    return out
+
+# %% ../book/07_kernels.ipynb #2a181d82
+@triton.jit
+def _w8a16_gemm_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, s_cols,
+                       BLOCK_M: tl.constexpr, BF16: tl.constexpr,
+                       UPCAST: tl.constexpr, NATIVE: tl.constexpr):
+    """out [M, N] = x [M, K] @ (decode(w) * s^w)^T: x bf16 (BF16) or fp16, w e4m3
+    codes as bytes [N, K], one fp32 scale per 128 x 128 block, applied to each K step's
+    fp32 partial sum. UPCAST: dot in fp32 (the interpreter's bf16 dot is wrong)."""
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * 128 + tl.arange(0, 128)                  # one weight block's rows
+    rk = tl.arange(0, 128)
+    acc = tl.zeros((BLOCK_M, 128), dtype=tl.float32)
+    for k0 in range(0, K, 128):
+        kk = k0 + rk
+        x = tl.load(x_ptr + rm[:, None] * K + kk[None, :],
+                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        code = tl.load(w_ptr + rn[:, None] * K + kk[None, :],
+                       mask=(rn[:, None] < N) & (kk[None, :] < K), other=0)
+        w = _e4m3_decode(code, BF16)                      # bytes -> bf16 / fp16
+        if UPCAST:
+            x, w = x.to(tl.float32), w.to(tl.float32)
+        s = tl.load(s_ptr + pid_n * s_cols + k0 // 128)   # s^w of this step
+        acc += tl.dot(x, tl.trans(w)) * s
+    if BF16:
+        acc = _to_bf16(acc, NATIVE)                       # one rounding to nearest
+    tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+# %% ../book/07_kernels.ipynb #c45543ad
+def _check_w8a16_args(x, w, weight_scale_inv):
+    "w8a16_gemm's arguments; returns (M, N, K) and w's bytes."
+    _check_rank("x", x, 2, "[M, K]")
+    _check_tensor("x", x, (torch.bfloat16, torch.float16))
+    _check_rank("w", w, 2, "[N, K]")
+    _check_tensor("w", w, (torch.uint8, FP8_DTYPE), device=x.device)
+    (m, k), n = x.shape, w.shape[0]
+    if w.shape[1] != k:
+        raise ValueError(f"w: expected {k} columns (x's K), got shape {list(w.shape)}")
+    _check_tensor("weight_scale_inv", weight_scale_inv, torch.float32,
+                  _scale_shape(n, k), x.device)
+    _check_offsets("x, w", "an operand", m * k, n * k, m * n)
+    return m, n, k, w.view(torch.uint8)
+
+# %% ../book/07_kernels.ipynb #99438434
+def w8a16_gemm(x: torch.Tensor, w: torch.Tensor,
+               weight_scale_inv: torch.Tensor) -> torch.Tensor:
+    """x [M, K] (bf16 or fp16) @ the block-scaled e4m3 weight w [N, K]: W8A16 from the
+    weight's bytes, for GPUs without an e4m3 type too. Returns [M, N] in x.dtype."""
+    m, n, k, codes = _check_w8a16_args(x, w, weight_scale_inv)
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    block_m = 16 if m <= 16 else 64
+    bf16 = x.dtype == torch.bfloat16
+    grid = (triton.cdiv(m, block_m), triton.cdiv(n, 128))
+    if m and n:
+        _w8a16_gemm_kernel[grid](x, codes, weight_scale_inv, out, m, n, k,
+                                 weight_scale_inv.shape[1], BLOCK_M=block_m, BF16=bf16,
+                                 UPCAST=INTERPRETED and bf16, NATIVE=not INTERPRETED)
     return out
 
 # %% ../book/07_kernels.ipynb #89e7aa13

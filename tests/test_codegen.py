@@ -285,22 +285,38 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kimi_mlp import kernels
+from kimi_mlp.codegen import matrix_instructions
 out = {}
 for arch, bf16 in ((75, False), (80, True), (86, True)):
-    sig = {"c_ptr": "*u8", "out_ptr": "*bf16" if bf16 else "*fp16", "n": "i32",
-           "BF16": "constexpr", "BLOCK": "constexpr"}
+    t = "*bf16" if bf16 else "*fp16"
+    sig = {"c_ptr": "*u8", "out_ptr": t, "n": "i32", "BF16": "constexpr",
+           "BLOCK": "constexpr"}
     src = ASTSource(kernels._decode_kernel, sig, {"BF16": bf16, "BLOCK": 1024})
-    ptx = triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm["ptx"]
-    out[arch] = {"e4m3": "e4m3" in ptx, "target": f".target sm_{arch}" in ptx}
+    decode = triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm["ptx"]
+    sig = {"x_ptr": t, "w_ptr": "*u8", "s_ptr": "*fp32", "out_ptr": t, "M": "i32",
+           "N": "i32", "K": "i32", "s_cols": "i32", "BLOCK_M": "constexpr",
+           "BF16": "constexpr", "UPCAST": "constexpr", "NATIVE": "constexpr"}
+    src = ASTSource(kernels._w8a16_gemm_kernel, sig,
+                    {"BLOCK_M": 16, "BF16": bf16, "UPCAST": False, "NATIVE": True})
+    gemm = triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm["ptx"]
+    ops = matrix_instructions(gemm)["ops"]
+    out[arch] = {"e4m3": "e4m3" in decode + gemm,
+                 "target": f".target sm_{arch}" in decode + gemm,
+                 "mma": sorted({op["opcode"] for op in ops})}
 print(json.dumps(out))
 """
 
 
-def test_the_byte_decode_compiles_for_gpus_without_e4m3():
-    """`_decode_kernel` (chapter 7's e4m3 decode from bytes) compiles for Turing (fp16)
-    and Ampere (bf16), targets where Triton has no e4m3 type, and its PTX names none."""
+def test_the_byte_decode_and_the_w8a16_gemm_compile_for_gpus_without_e4m3():
+    """Chapter 7's e4m3 decode from bytes and its W8A16 GEMM compile for Turing (fp16)
+    and Ampere (bf16), targets where Triton has no e4m3 type; the PTX names none. On
+    Ampere the GEMM runs on the tensor cores (bf16 mma.sync); on Turing Triton gives it
+    no matrix instruction (FMA units)."""
     res = subprocess.run([sys.executable, "-c", _DECODE_COMPILE], capture_output=True,
                          text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
-    assert got == {str(a): {"e4m3": False, "target": True} for a in (75, 80, 86)}, got
+    bf16_mma = ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"]
+    assert got == {"75": {"e4m3": False, "target": True, "mma": []},
+                   "80": {"e4m3": False, "target": True, "mma": bf16_mma},
+                   "86": {"e4m3": False, "target": True, "mma": bf16_mma}}, got

@@ -831,3 +831,49 @@ def test_the_byte_decode_reads_fp8_tensors_through_a_byte_view():
 def test_the_byte_decode_refuses_bad_input(args, error, match):
     with pytest.raises(error, match=match):
         K.decode_e4m3(*args)
+
+
+def _w8a16_oracle(x, w_fp8, w_scale):
+    "float64 on the same values, and the bound chapter 7 derives for the kernel."
+    n, k = w_fp8.shape
+    w64 = (w_fp8.double() * w_scale.double().repeat_interleave(128, 0)[:n]
+           .repeat_interleave(128, 1)[:, :k])
+    ref = x.double() @ w64.T
+    eps = 2.0 ** -8 if x.dtype == torch.bfloat16 else 2.0 ** -11
+    sums = ((x.double().abs() @ w64.abs().T).norm() / ref.norm()).item()
+    return ref, eps + (k + k / 128) * 2.0 ** -24 * sums
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("m, n, k", [(1, 128, 128), (5, 200, 320), (17, 256, 129)])
+def test_w8a16_gemm_against_float64(m, n, k, dtype):
+    torch.manual_seed(m * 1000 + n + k)
+    w_fp8, w_scale = quantize_weight_blockwise(torch.randn(n, k))
+    x = torch.randn(m, k).to(dtype)
+    y = K.w8a16_gemm(x, w_fp8, w_scale)
+    ref, tol = _w8a16_oracle(x, w_fp8, w_scale)
+    assert y.dtype == dtype and y.shape == (m, n)
+    assert rel_err(y, ref) <= tol
+    assert torch.equal(K.w8a16_gemm(x, w_fp8.view(torch.uint8), w_scale), y)
+
+
+def test_w8a16_gemm_propagates_nan_and_keeps_zero_blocks_zero():
+    w_fp8, w_scale = quantize_weight_blockwise(torch.randn(256, 256))
+    w_scale[1, 0] = 0.0                               # a zero block: zeros, not NaN
+    x = torch.randn(2, 256).to(torch.bfloat16)
+    x[1, 5] = float("nan")
+    y = K.w8a16_gemm(x, w_fp8, w_scale)
+    assert torch.isnan(y[1]).all() and not torch.isnan(y[0]).any()
+
+
+@pytest.mark.parametrize("args, match", [
+    ((torch.zeros(2, 128), torch.zeros(128, 128, dtype=torch.uint8), torch.ones(1, 1)),
+     "x: expected dtype torch.bfloat16 or torch.float16, got torch.float32"),
+    ((torch.zeros(2, 128, dtype=torch.bfloat16), torch.zeros(128, 64, dtype=torch.uint8),
+      torch.ones(1, 1)), r"w: expected 128 columns \(x's K\), got shape \[128, 64\]"),
+    ((torch.zeros(2, 128, dtype=torch.bfloat16), torch.zeros(128, 128, dtype=torch.uint8),
+      torch.ones(2, 1)), r"weight_scale_inv: expected shape \[1, 1\], got \[2, 1\]"),
+])
+def test_w8a16_gemm_refuses_bad_input(args, match):
+    with pytest.raises(ValueError, match=match):
+        K.w8a16_gemm(*args)
