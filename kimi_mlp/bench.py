@@ -3,11 +3,14 @@
 # %% ../book/09_benchmarks.ipynb #cbc2749a
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 # %% auto #0
-__all__ = ['HIDDEN', 'INTERMEDIATE', 'DECODE_SHARE', 'BENCH_M', 'HOST_TARGET_US', 'ffn_flop', 'ffn_min_bytes', 'roofline_floor_s',
-           'timings', 'torch_bf16_launch_costs', 'predicted_record', 'check_targets', 'host_target']
+__all__ = ['HIDDEN', 'INTERMEDIATE', 'DECODE_SHARE', 'BENCH_M', 'GPU_CEILINGS_SCHEMA', 'HOST_TARGET_US', 'ffn_flop',
+           'ffn_min_bytes', 'roofline_floor_s', 'load_gpu_ceilings', 'decode_floor_s', 'timings',
+           'torch_bf16_launch_costs', 'predicted_record', 'check_targets', 'host_target']
 
 # %% ../book/09_benchmarks.ipynb #35856041
 HIDDEN, INTERMEDIATE = 7168, 18432
@@ -57,6 +60,41 @@ def roofline_floor_s(
         / ceilings["copy_bytes_per_s"],
         ffn_flop(m, hidden_size, intermediate_size) / rate,
     )
+
+# %% ../book/09_benchmarks.ipynb #eb8206a6
+GPU_CEILINGS_SCHEMA = "kimi-mlp-gpu-ceilings/1"
+
+
+def load_gpu_ceilings(path) -> list[dict]:
+    """The GPUs of a gpu_ceilings JSON, each checked: `name`, `arch`, `status` and
+    `source` non-empty strings, `hbm_bytes_per_s` positive (ValueError names the
+    field)."""
+    d = json.loads(Path(path).read_text())
+    if not isinstance(d, dict) or d.get("schema") != GPU_CEILINGS_SCHEMA:
+        got = d.get("schema") if isinstance(d, dict) else type(d).__name__
+        raise ValueError(f"{path}: schema: expected {GPU_CEILINGS_SCHEMA!r}, "
+                         f"got {got!r}")
+    gpus = d.get("gpus")
+    if not isinstance(gpus, list) or not gpus:
+        raise ValueError(f"{path}: gpus: expected a non-empty list, got {gpus!r}")
+    for i, g in enumerate(gpus):
+        where = f"{path}: gpus[{i}]"
+        if not isinstance(g, dict):
+            raise ValueError(f"{where}: expected an object, got {type(g).__name__}")
+        for key in ("name", "arch", "status", "source"):
+            if not isinstance(g.get(key), str) or not g[key]:
+                raise ValueError(f"{where}.{key}: expected a non-empty string, "
+                                 f"got {g.get(key)!r}")
+        bw = g.get("hbm_bytes_per_s")
+        if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0:
+            raise ValueError(f"{where}.hbm_bytes_per_s: expected a positive number, "
+                             f"got {bw!r}")
+    return gpus
+
+
+def decode_floor_s(m: int, bytes_per_s: float) -> float:
+    "The FFN half's bandwidth floor for m tokens: its fewest bytes over `bytes_per_s`."
+    return ffn_min_bytes(m) / bytes_per_s
 
 # %% ../book/09_benchmarks.ipynb #0fd8ecc7
 def timings(record: dict) -> dict[str, tuple[list[int], list[float]]]:

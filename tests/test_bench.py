@@ -241,3 +241,32 @@ def test_pad_rows_for_cublas_scales():
     assert (pa[3].view(torch.uint8) == 0).all() and (ps[3] == 1).all()
     same = torch.randn(8, 256).to(torch.float8_e4m3fn)
     assert harness.pad_rows(same, torch.rand(8, 2))[0] is same
+
+
+# --- the per-GPU datasheet bandwidths (chapter 9's decode floors on other GPUs) ------------
+
+GPU_CEILINGS = Path(__file__).resolve().parent.parent / "book" / "data" / "gpu_ceilings.json"
+
+
+def test_the_stored_gpu_ceilings_are_datasheet_figures_with_sources():
+    gpus = B.load_gpu_ceilings(GPU_CEILINGS)
+    assert {g["name"] for g in gpus} >= {"T4", "A10G", "A100 40GB", "A100 80GB", "L4", "L40S",
+                                         "RTX 4090", "H100 SXM", "H200", "B200"}
+    for g in gpus:
+        assert g["status"] == "datasheet" and g["source"].startswith("NVIDIA")
+        assert B.decode_floor_s(1, g["hbm_bytes_per_s"]) == B.ffn_min_bytes(1) / g["hbm_bytes_per_s"]
+
+
+@pytest.mark.parametrize("change, match", [
+    (lambda d: d.update(schema="other/1"), "schema: expected 'kimi-mlp-gpu-ceilings/1'"),
+    (lambda d: d.update(gpus=[]), "gpus: expected a non-empty list"),
+    (lambda d: d["gpus"][1].update(hbm_bytes_per_s=0), r"gpus\[1\].hbm_bytes_per_s: expected a positive"),
+    (lambda d: d["gpus"][0].pop("source"), r"gpus\[0\].source: expected a non-empty string"),
+])
+def test_gpu_ceilings_refuse_a_bad_file(tmp_path, change, match):
+    d = json.loads(GPU_CEILINGS.read_text())
+    change(d)
+    path = tmp_path / "gpu_ceilings.json"
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=match):
+        B.load_gpu_ceilings(path)
