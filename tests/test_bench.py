@@ -254,7 +254,9 @@ def test_the_stored_gpu_ceilings_are_datasheet_figures_with_sources():
                                          "RTX 4090", "H100 SXM", "H200", "B200"}
     for g in gpus:
         assert g["status"] == "datasheet" and g["source"].startswith("NVIDIA")
-        assert B.decode_floor_s(1, g["hbm_bytes_per_s"]) == B.ffn_min_bytes(1) / g["hbm_bytes_per_s"]
+        # the floor moves the 396,361,728 weight bytes and little else (scales, gain, h)
+        moved = B.decode_floor_s(1, g["hbm_bytes_per_s"]) * g["hbm_bytes_per_s"]
+        assert 396_361_728 < moved < 1.01 * 396_361_728
 
 
 @pytest.mark.parametrize("change, match", [
