@@ -8,9 +8,9 @@ import math
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['HIDDEN', 'INTERMEDIATE', 'DECODE_SHARE', 'BENCH_M', 'GPU_CEILINGS_SCHEMA', 'HOST_TARGET_US', 'ffn_flop',
-           'ffn_min_bytes', 'roofline_floor_s', 'load_gpu_ceilings', 'decode_floor_s', 'timings',
-           'torch_bf16_launch_costs', 'predicted_record', 'check_targets', 'host_target']
+__all__ = ['HIDDEN', 'INTERMEDIATE', 'DECODE_SHARE', 'BENCH_M', 'KERNEL_RATE', 'GPU_CEILINGS_SCHEMA', 'RATE_KEYS',
+           'HOST_TARGET_US', 'ffn_flop', 'ffn_min_bytes', 'roofline_floor_s', 'load_gpu_ceilings', 'decode_floor_s',
+           'timings', 'torch_bf16_launch_costs', 'predicted_record', 'check_targets', 'host_target']
 
 # %% ../book/09_benchmarks.ipynb #35856041
 HIDDEN, INTERMEDIATE = 7168, 18432
@@ -61,35 +61,79 @@ def roofline_floor_s(
         ffn_flop(m, hidden_size, intermediate_size) / rate,
     )
 
+# %% ../book/09_benchmarks.ipynb #4b033223
+#: The kernels' path and matrix unit per architecture (chapter 7), as (path, the key
+#: of that unit's rate in gpu_ceilings.json): FP8 tensor cores from sm_89 (W8A8),
+#: bf16 tensor cores on Ampere (W8A16: weights decoded to bf16), the FMA units in fp32
+#: on Turing (W8A16 with fp16 operands: Triton lowers tl.dot there to fma.rn.f32).
+KERNEL_RATE = {
+    "sm_75": ("w8a16", "fp32_flop_per_s"),
+    "sm_80": ("w8a16", "bf16_flop_per_s"),
+    "sm_86": ("w8a16", "bf16_flop_per_s"),
+    "sm_87": ("w8a16", "bf16_flop_per_s"),
+    "sm_89": ("w8a8", "fp8_flop_per_s"),
+    "sm_90a": ("w8a8", "fp8_flop_per_s"),
+    "sm_100": ("w8a8", "fp8_flop_per_s"),
+    "sm_120": ("w8a8", "fp8_flop_per_s"),
+}
+
 # %% ../book/09_benchmarks.ipynb #eb8206a6
-GPU_CEILINGS_SCHEMA = "kimi-mlp-gpu-ceilings/1"
+GPU_CEILINGS_SCHEMA = "kimi-mlp-gpu-ceilings/2"
+#: An entry's dense matmul rates, FLOP/s with fp32 sums; null where there is none.
+RATE_KEYS = ("bf16_flop_per_s", "fp16_flop_per_s", "fp8_flop_per_s", "fp32_flop_per_s")
+_TEXT_KEYS = ("name", "arch", "status", "source", "url")
+_GPU_KEYS = (*_TEXT_KEYS, "device_names", "hbm_bytes_per_s", *RATE_KEYS, "note")
 
 
+def _bad(field: str, expected: str, got) -> ValueError:
+    return ValueError(f"{field}: expected {expected}, got {got!r}")
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
+
+
+def _check_gpu(g, where: str) -> dict:
+    "One GPU entry, every field checked: ValueError names it, what it expected, got."
+    if not isinstance(g, dict):
+        raise _bad(where, "an object", type(g).__name__)
+    if unknown := sorted(set(g) - set(_GPU_KEYS)):
+        raise _bad(where, f"keys from {list(_GPU_KEYS)}", unknown)
+    for key in _TEXT_KEYS + (("note",) if "note" in g else ()):
+        if not isinstance(g.get(key), str) or not g[key].strip():
+            raise _bad(f"{where}.{key}", "a non-empty string", g.get(key))
+    if g["arch"] not in KERNEL_RATE:
+        raise _bad(f"{where}.arch", f"one of {list(KERNEL_RATE)}", g["arch"])
+    if not g["url"].startswith("https://"):
+        raise _bad(f"{where}.url", "an https:// address", g["url"])
+    names = g.get("device_names")
+    if not isinstance(names, list) or not names or not all(
+        isinstance(n, str) and n.strip() for n in names
+    ):
+        raise _bad(f"{where}.device_names", "a non-empty list of names", names)
+    for key in ("hbm_bytes_per_s", *RATE_KEYS):
+        v = g.get(key, "missing")
+        if not (_positive(v) or (v is None and key in RATE_KEYS)):
+            what = "a positive number" + (" or null" if key in RATE_KEYS else "")
+            raise _bad(f"{where}.{key}", what, v)
+    return g
+
+# %% ../book/09_benchmarks.ipynb #03a0b7d4
 def load_gpu_ceilings(path) -> list[dict]:
-    """The GPUs of a gpu_ceilings JSON, each checked: `name`, `arch`, `status` and
-    `source` non-empty strings, `hbm_bytes_per_s` positive (ValueError names the
-    field)."""
+    """The GPUs of a gpu_ceilings JSON (`GPU_CEILINGS_SCHEMA`), each entry checked by
+    `_check_gpu`; a ValueError names the field, what it expected and what it got."""
     d = json.loads(Path(path).read_text())
     if not isinstance(d, dict) or d.get("schema") != GPU_CEILINGS_SCHEMA:
         got = d.get("schema") if isinstance(d, dict) else type(d).__name__
-        raise ValueError(f"{path}: schema: expected {GPU_CEILINGS_SCHEMA!r}, "
-                         f"got {got!r}")
-    gpus = d.get("gpus")
+        raise _bad(f"{path}: schema", repr(GPU_CEILINGS_SCHEMA), got)
+    if set(d) != {"schema", "note", "gpus"}:
+        raise _bad(f"{path}: keys", "['gpus', 'note', 'schema']", sorted(d))
+    if not isinstance(d["note"], str) or not d["note"].strip():
+        raise _bad(f"{path}: note", "a non-empty string", d["note"])
+    gpus = d["gpus"]
     if not isinstance(gpus, list) or not gpus:
-        raise ValueError(f"{path}: gpus: expected a non-empty list, got {gpus!r}")
-    for i, g in enumerate(gpus):
-        where = f"{path}: gpus[{i}]"
-        if not isinstance(g, dict):
-            raise ValueError(f"{where}: expected an object, got {type(g).__name__}")
-        for key in ("name", "arch", "status", "source"):
-            if not isinstance(g.get(key), str) or not g[key]:
-                raise ValueError(f"{where}.{key}: expected a non-empty string, "
-                                 f"got {g.get(key)!r}")
-        bw = g.get("hbm_bytes_per_s")
-        if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0:
-            raise ValueError(f"{where}.hbm_bytes_per_s: expected a positive number, "
-                             f"got {bw!r}")
-    return gpus
+        raise _bad(f"{path}: gpus", "a non-empty list", gpus)
+    return [_check_gpu(g, f"{path}: gpus[{i}]") for i, g in enumerate(gpus)]
 
 
 def decode_floor_s(m: int, bytes_per_s: float) -> float:

@@ -243,27 +243,77 @@ def test_pad_rows_for_cublas_scales():
     assert harness.pad_rows(same, torch.rand(8, 2))[0] is same
 
 
-# --- the per-GPU datasheet bandwidths (chapter 9's decode floors on other GPUs) ------------
+# --- the per-GPU datasheet ceilings (chapter 9's floors on other GPUs) ---------------------
 
 GPU_CEILINGS = Path(__file__).resolve().parent.parent / "book" / "data" / "gpu_ceilings.json"
 
 
+def _in_words(x: float, unit: float, text: str) -> bool:
+    "Is x / unit written in `text`, as a datasheet writes it (1,979 or 989.5 or 4.5)?"
+    return f"{x / unit:,g}" in text
+
+
 def test_the_stored_gpu_ceilings_are_datasheet_figures_with_sources():
-    gpus = B.load_gpu_ceilings(GPU_CEILINGS)
-    assert {g["name"] for g in gpus} >= {"T4", "A10G", "A100 40GB", "A100 80GB", "L4", "L40S",
-                                         "RTX 4090", "H100 SXM", "H200", "B200"}
-    for g in gpus:
+    gpus = {g["name"]: g for g in B.load_gpu_ceilings(GPU_CEILINGS)}
+    assert set(gpus) >= {"T4", "A10G", "A100 40GB", "A100 80GB", "L4", "L40S",
+                         "RTX 4090", "H100 SXM", "H200", "B200"}
+    for g in gpus.values():
         assert g["status"] == "datasheet" and g["source"].startswith("NVIDIA")
+        assert g["url"].startswith("https://") and "nvidia.com" in g["url"]
         # the floor moves the 396,361,728 weight bytes and little else (scales, gain, h)
         moved = B.decode_floor_s(1, g["hbm_bytes_per_s"]) * g["hbm_bytes_per_s"]
         assert 396_361_728 < moved < 1.01 * 396_361_728
+        # every stored figure is written in its source's words (GB/s, TB/s; TFLOPS, PFLOPS)
+        bw = g["hbm_bytes_per_s"]
+        assert _in_words(bw, 1e9, g["source"]) or _in_words(bw, 1e12, g["source"]), g["name"]
+        for key in B.RATE_KEYS:
+            if g[key] is not None:
+                assert _in_words(g[key], 1e12, g["source"]) or _in_words(
+                    g[key], 1e15, g["source"]), (g["name"], key)
+        # dense FP8 is twice dense bf16 wherever both are stored (the datasheets round: the
+        # L40S gives 733 and 362.05): both halved from sparse figures, or neither
+        if g["fp8_flop_per_s"] and g["bf16_flop_per_s"]:
+            assert g["fp8_flop_per_s"] / g["bf16_flop_per_s"] == pytest.approx(2, rel=0.03)
+    # FP8 tensor cores exactly where the kernels take the W8A8 path (sm_89 on); the rate
+    # the kernels use is stored for every GPU but the A10G
+    for g in gpus.values():
+        path, key = B.KERNEL_RATE[g["arch"]]
+        assert (g["fp8_flop_per_s"] is not None) == (path == "w8a8") or g["name"] == "A10G"
+        assert (g[key] is None) == (g["name"] == "A10G"), g["name"]
+    t4 = gpus["T4"]
+    assert t4["bf16_flop_per_s"] is None and "no bf16" in t4["note"]
+    assert t4["fp16_flop_per_s"] == 65e12 and t4["fp32_flop_per_s"] == 8.1e12
+    # the A10G has no NVIDIA datasheet of its own: no rate is stored, and the note says why
+    a10g = gpus["A10G"]
+    assert all(a10g[k] is None for k in B.RATE_KEYS) and "no NVIDIA" in a10g["note"]
+    # the torch names that match a benchmark record to its entry are distinct
+    names = [n.lower() for g in gpus.values() for n in g["device_names"]]
+    assert len(names) == len(set(names))
 
 
 @pytest.mark.parametrize("change, match", [
-    (lambda d: d.update(schema="other/1"), "schema: expected 'kimi-mlp-gpu-ceilings/1'"),
+    (lambda d: d.update(schema="other/1"), "schema: expected 'kimi-mlp-gpu-ceilings/2'"),
     (lambda d: d.update(gpus=[]), "gpus: expected a non-empty list"),
-    (lambda d: d["gpus"][1].update(hbm_bytes_per_s=0), r"gpus\[1\].hbm_bytes_per_s: expected a positive"),
+    (lambda d: d.update(extra=1), r"keys: expected \['gpus', 'note', 'schema'\]"),
+    (lambda d: d.update(note=""), "note: expected a non-empty string"),
+    (lambda d: d["gpus"].append([]), r"gpus\[10\]: expected an object, got 'list'"),
+    (lambda d: d["gpus"][1].update(hbm_bytes_per_s=0),
+     r"gpus\[1\].hbm_bytes_per_s: expected a positive number, got 0"),
+    (lambda d: d["gpus"][1].update(hbm_bytes_per_s=None),
+     r"gpus\[1\].hbm_bytes_per_s: expected a positive number, got None"),
     (lambda d: d["gpus"][0].pop("source"), r"gpus\[0\].source: expected a non-empty string"),
+    (lambda d: d["gpus"][0].update(note=" "), r"gpus\[0\].note: expected a non-empty string"),
+    (lambda d: d["gpus"][2].update(arch="sm_70"), r"gpus\[2\].arch: expected one of \['sm_75'"),
+    (lambda d: d["gpus"][2].update(url="www.nvidia.com"),
+     r"gpus\[2\].url: expected an https:// address, got 'www.nvidia.com'"),
+    (lambda d: d["gpus"][3].update(device_names=[]), r"gpus\[3\].device_names: expected a non"),
+    (lambda d: d["gpus"][3].update(device_names="NVIDIA L4"), r"device_names: expected a non"),
+    (lambda d: d["gpus"][4].update(fp8_flop_per_s=-1.0),
+     r"gpus\[4\].fp8_flop_per_s: expected a positive number or null, got -1.0"),
+    (lambda d: d["gpus"][4].update(bf16_flop_per_s=True), r"bf16_flop_per_s: expected a positive"),
+    (lambda d: d["gpus"][4].pop("fp16_flop_per_s"),
+     r"gpus\[4\].fp16_flop_per_s: expected a positive number or null, got 'missing'"),
+    (lambda d: d["gpus"][5].update(fp8_tflops=733), r"gpus\[5\]: expected keys from .*'fp8_tflops'"),
 ])
 def test_gpu_ceilings_refuse_a_bad_file(tmp_path, change, match):
     d = json.loads(GPU_CEILINGS.read_text())
