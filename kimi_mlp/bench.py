@@ -10,7 +10,8 @@ from pathlib import Path
 # %% auto #0
 __all__ = ['HIDDEN', 'INTERMEDIATE', 'DECODE_SHARE', 'BENCH_M', 'KERNEL_RATE', 'GPU_CEILINGS_SCHEMA', 'RATE_KEYS',
            'HOST_TARGET_US', 'ffn_flop', 'ffn_min_bytes', 'roofline_floor_s', 'load_gpu_ceilings', 'decode_floor_s',
-           'timings', 'torch_bf16_launch_costs', 'predicted_record', 'check_targets', 'host_target']
+           'prefill_floor_s', 'gpu_floor_s', 'timings', 'torch_bf16_launch_costs', 'predicted_record', 'check_targets',
+           'host_target']
 
 # %% ../book/09_benchmarks.ipynb #35856041
 HIDDEN, INTERMEDIATE = 7168, 18432
@@ -139,6 +140,21 @@ def load_gpu_ceilings(path) -> list[dict]:
 def decode_floor_s(m: int, bytes_per_s: float) -> float:
     "The FFN half's bandwidth floor for m tokens: its fewest bytes over `bytes_per_s`."
     return ffn_min_bytes(m) / bytes_per_s
+
+def prefill_floor_s(gpu: dict, m: int) -> float | None:
+    """The FFN half's arithmetic floor for m tokens on `gpu` (an entry of
+    gpu_ceilings.json): its FLOP over the rate of the unit the kernels use there
+    (`KERNEL_RATE`). None where the entry records no such rate."""
+    rate = gpu[KERNEL_RATE[gpu["arch"]][1]]
+    return None if rate is None else ffn_flop(m) / rate
+
+
+def gpu_floor_s(gpu: dict, m: int) -> float:
+    """The kernels' roofline floor on `gpu` for m tokens: the larger of the bandwidth
+    and the arithmetic floor; the bandwidth floor alone, still a lower bound, where
+    no rate is recorded."""
+    compute = prefill_floor_s(gpu, m) or 0.0
+    return max(decode_floor_s(m, gpu["hbm_bytes_per_s"]), compute)
 
 # %% ../book/09_benchmarks.ipynb #0fd8ecc7
 def timings(record: dict) -> dict[str, tuple[list[int], list[float]]]:

@@ -322,3 +322,25 @@ def test_gpu_ceilings_refuse_a_bad_file(tmp_path, change, match):
     path.write_text(json.dumps(d))
     with pytest.raises(ValueError, match=match):
         B.load_gpu_ceilings(path)
+
+
+def test_floors_per_gpu_use_the_kernels_matrix_unit():
+    gpus = {g["name"]: g for g in B.load_gpu_ceilings(GPU_CEILINGS)}
+    t4, a100, h200, a10g = (gpus[n] for n in ("T4", "A100 80GB", "H200", "A10G"))
+    for m in (1, 16, 4096):      # the FLOP of chapter 8's three launches: 2 M (3 d F)
+        assert sum(c["flop"] for c in FU.fused_launch_costs(m)) == B.ffn_flop(m)
+        assert B.ffn_flop(m) == 2 * m * 3 * 7168 * 18432
+    # the T4's kernels run on FMA units: 8.1 TFLOP/s, not its tensor cores' 65
+    assert B.prefill_floor_s(t4, 16) == pytest.approx(2 * 16 * 396_361_728 / 8.1e12)
+    assert B.prefill_floor_s(a100, 4096) == pytest.approx(B.ffn_flop(4096) / 312e12)  # bf16
+    assert B.prefill_floor_s(h200, 4096) == pytest.approx(B.ffn_flop(4096) / 1979e12)  # FP8
+    # no rate recorded: no arithmetic floor, and the bandwidth floor alone
+    assert B.prefill_floor_s(a10g, 1) is None
+    assert B.gpu_floor_s(a10g, 4096) == B.decode_floor_s(4096, 600e9)
+    # at M = 1 every GPU is bound by its bandwidth; the T4 by its FMA units from M = 13
+    for g in gpus.values():
+        assert B.gpu_floor_s(g, 1) == B.decode_floor_s(1, g["hbm_bytes_per_s"])
+    assert B.gpu_floor_s(t4, 12) == B.decode_floor_s(12, 320e9)
+    assert B.gpu_floor_s(t4, 13) == B.prefill_floor_s(t4, 13)
+    with pytest.raises(KeyError):
+        B.prefill_floor_s(dict(t4, arch="sm_70"), 1)
