@@ -9,9 +9,10 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['HIDDEN', 'INTERMEDIATE', 'DECODE_SHARE', 'BENCH_M', 'KERNEL_RATE', 'GPU_CEILINGS_SCHEMA', 'RATE_KEYS',
-           'HOST_TARGET_US', 'ffn_flop', 'ffn_min_bytes', 'roofline_floor_s', 'load_gpu_ceilings', 'decode_floor_s',
+           'HOST_TARGET_US', 'W8A16_PROVIDERS', 'W8A16_DECODE_M', 'W8A16_FLOOR_RATIO', 'W8A16_BF16_SPEEDUP',
+           'NO_MEASUREMENT', 'ffn_flop', 'ffn_min_bytes', 'roofline_floor_s', 'load_gpu_ceilings', 'decode_floor_s',
            'prefill_floor_s', 'gpu_floor_s', 'timings', 'torch_bf16_launch_costs', 'predicted_record', 'check_targets',
-           'host_target']
+           'host_target', 'fused_path', 'find_gpu', 'w8a16_targets']
 
 # %% ../book/09_benchmarks.ipynb #35856041
 HIDDEN, INTERMEDIATE = 7168, 18432
@@ -284,3 +285,80 @@ def host_target(host_us: float | None) -> dict:
         host_us,
         None if host_us is None else host_us <= HOST_TARGET_US,
     )
+
+# %% ../book/09_benchmarks.ipynb #16dac0c0
+#: The providers of a W8A16 benchmark record, named in one place: the fused block,
+#: its unfused pipeline (one launch per step), torch's bf16 on dequantized weights.
+W8A16_PROVIDERS = {"fused": "fused", "unfused": "unfused_w8a16", "bf16": "torch_bf16"}
+W8A16_DECODE_M = 16  # targets 6 and 7 judge M <= 16
+W8A16_FLOOR_RATIO = 1.3  # target 6: time <= 1.3 x the datasheet-bandwidth floor
+W8A16_BF16_SPEEDUP = 1.7  # target 7: at least 1.7 x faster than torch_bf16
+NO_MEASUREMENT = "no measurement stored"
+
+
+def fused_path(record: dict) -> str | None:
+    """The kernels a record's fused provider ran, "w8a16" or "w8a8": its `path` where
+    the record has one, else from the device's compute capability (appendix C's
+    environment: below 8.9, W8A16); None for a record of no CUDA device."""
+    fused = (record.get("providers") or {}).get(W8A16_PROVIDERS["fused"]) or {}
+    if fused.get("path"):
+        return fused["path"]
+    cap = (record.get("environment") or {}).get("capability")
+    if not cap:
+        return None
+    major, minor = (int(x) for x in str(cap).split("."))
+    return "w8a16" if (major, minor) < (8, 9) else "w8a8"
+
+
+def find_gpu(gpus: list[dict], device_name: str | None) -> dict | None:
+    "The entry whose `device_names` holds `device_name` (as torch reports it), or None."
+    name = (device_name or "").strip().lower()
+    return next((g for g in gpus if name in [n.lower() for n in g["device_names"]]),
+                None)
+
+
+def _row(target, rule, worst, met, judged=True, missing=NO_MEASUREMENT) -> dict:
+    "A verdict: a miss at any M counts; a pass, only if every M it needs was timed."
+    verdict = (missing if worst is None else "missed" if not met
+               else "met" if judged else NO_MEASUREMENT)
+    return {"target": target, "rule": rule, "worst": worst, "verdict": verdict}
+
+# %% ../book/09_benchmarks.ipynb #096c3a5a
+def _w8a16_times(record: dict | None) -> dict[str, dict[int, float]]:
+    "{'fused'|'unfused'|'bf16': {M: seconds}} of a W8A16 record; {} for any other."
+    if record is None or fused_path(record) != "w8a16":
+        return {}
+    tm = {name: dict(zip(ms, ts)) for name, (ms, ts) in timings(record).items()}
+    return {key: tm.get(name, {}) for key, name in W8A16_PROVIDERS.items()}
+
+
+def w8a16_targets(record: dict | None, gpus: list[dict]) -> list[dict]:
+    """Targets 6-8 judged on a stored benchmark record: [{target, rule, worst,
+    verdict}], verdict "met", "missed" or NO_MEASUREMENT (no record of the W8A16 path,
+    or not the timings a target needs). `gpus`: load_gpu_ceilings's entries."""
+    t, p = _w8a16_times(record), W8A16_PROVIDERS
+    fused, bf16, unfused = (t.get(k, {}) for k in ("fused", "bf16", "unfused"))
+    dec = {m: s for m, s in fused.items() if m <= W8A16_DECODE_M}
+    gpu, missing, over = None, NO_MEASUREMENT, []
+    if dec:
+        gpu = find_gpu(gpus, name := record["environment"].get("gpu"))
+        missing = f"not judged: no gpu_ceilings.json entry for {name!r}"
+    if gpu:
+        d, f = record["shapes"]["hidden_size"], record["shapes"]["intermediate_size"]
+        bw = gpu["hbm_bytes_per_s"]
+        over = [s * bw / ffn_min_bytes(m, d, f) for m, s in dec.items()]
+    fast = [bf16[m] / s for m, s in dec.items() if m in bf16]
+    vs = [unfused[m] / s for m, s in fused.items() if m in unfused]
+    w6, w7, w8 = max(over, default=None), min(fast, default=None), min(vs, default=None)
+    decode = f"decode M <= {W8A16_DECODE_M}"
+    return [
+        _row(f"6. {decode} within {W8A16_FLOOR_RATIO}x the HBM floor",
+             "max over M of t_fused / (fewest bytes / datasheet bandwidth)", w6,
+             w6 is not None and w6 <= W8A16_FLOOR_RATIO, missing=missing),
+        _row(f"7. {decode} at >= {W8A16_BF16_SPEEDUP}x {p['bf16']}",
+             f"min over M of t_{p['bf16']} / t_fused", w7,
+             w7 is not None and w7 >= W8A16_BF16_SPEEDUP, len(fast) == len(dec)),
+        _row(f"8. never slower than {p['unfused']} at any M",
+             f"min over M of t_{p['unfused']} / t_fused", w8,
+             w8 is not None and w8 >= 1.0, len(vs) == len(fused)),
+    ]

@@ -344,3 +344,93 @@ def test_floors_per_gpu_use_the_kernels_matrix_unit():
     assert B.gpu_floor_s(t4, 13) == B.prefill_floor_s(t4, 13)
     with pytest.raises(KeyError):
         B.prefill_floor_s(dict(t4, arch="sm_70"), 1)
+
+
+# --- targets 6 to 8 (the W8A16 path) on SYNTHETIC records: invented times, never stored -------
+
+def w8a16_record(fused_us=None, bf16_ratio=2.0, unfused_ratio=1.1, gpu="NVIDIA A100-SXM4-80GB",
+                 capability="8.0", path=None, ms=(1, 4, 16, 4096)):
+    """A made-up bench record of the W8A16 path (kind "synthetic-test"): the fused time at
+    each M is the given multiple of the A100 80GB's datasheet floor (default 1.2x), torch_bf16
+    and unfused_w8a16 slower by the given ratios. The numbers mean nothing."""
+    a100 = {g["name"]: g for g in B.load_gpu_ceilings(GPU_CEILINGS)}["A100 80GB"]
+    fused_us = fused_us or {m: 1.2 * B.gpu_floor_s(a100, m) * 1e6 for m in ms}
+    p = B.W8A16_PROVIDERS
+    times = {p["fused"]: fused_us,
+             p["bf16"]: {m: t * bf16_ratio for m, t in fused_us.items()},
+             p["unfused"]: {m: t * unfused_ratio for m, t in fused_us.items()}}
+    results = [{"provider": name, "m": m, "median_ms": t * 1e-3, "ok": True}
+               for name, by_m in times.items() for m, t in by_m.items()]
+    r = fake_record()
+    r.update(results=results, skipped=[], launches=[],
+             providers={name: {"label": name, "available": True, "reason": None}
+                        for name in times})
+    r["environment"].update(gpu=gpu, capability=capability)
+    if path:
+        r["providers"][p["fused"]]["path"] = path
+    return records.validate_record(r)
+
+
+def _verdicts(record):
+    gpus = B.load_gpu_ceilings(GPU_CEILINGS)
+    return [t["verdict"] for t in B.w8a16_targets(record, gpus)]
+
+
+def test_w8a16_path_from_the_record_or_its_compute_capability():
+    assert B.fused_path(w8a16_record(capability="8.0")) == "w8a16"
+    assert B.fused_path(w8a16_record(capability="7.5")) == "w8a16"
+    assert B.fused_path(w8a16_record(capability="8.9")) == "w8a8"
+    assert B.fused_path(w8a16_record(capability="10.0")) == "w8a8"   # not a string compare
+    # the W8A16 kernels on an H200 count when the record says so
+    assert B.fused_path(w8a16_record(capability="9.0", path="w8a16")) == "w8a16"
+    assert B.fused_path(fake_record()) is None        # no capability, no path: not judged
+    gpus = B.load_gpu_ceilings(GPU_CEILINGS)
+    assert B.find_gpu(gpus, "Tesla T4")["name"] == "T4"
+    assert B.find_gpu(gpus, " nvidia a100-sxm4-80gb ")["name"] == "A100 80GB"
+    assert B.find_gpu(gpus, "NVIDIA A100 80GB PCIe") is None   # another bandwidth: no entry
+    assert B.find_gpu(gpus, None) is None
+
+
+def test_w8a16_targets_met_and_missed():
+    met = B.w8a16_targets(w8a16_record(), B.load_gpu_ceilings(GPU_CEILINGS))
+    assert [t["verdict"] for t in met] == ["met", "met", "met"]
+    assert met[0]["worst"] == pytest.approx(1.2)      # every M at 1.2x its floor (decode M)
+    assert met[1]["worst"] == pytest.approx(2.0) and met[2]["worst"] == pytest.approx(1.1)
+    # 1.35x the floor at one decode M: target 6 missed, by the worst M
+    a100 = B.find_gpu(B.load_gpu_ceilings(GPU_CEILINGS), "NVIDIA A100-SXM4-80GB")
+    slow = {m: (1.35 if m == 4 else 1.0) * B.decode_floor_s(m, a100["hbm_bytes_per_s"]) * 1e6
+            for m in (1, 4, 16)}
+    assert _verdicts(w8a16_record(fused_us=slow))[0] == "missed"
+    # target 6 counts only decode M: a second at M = 4096, far above its floor, is not its
+    # business (the W8A16 targets set no prefill bar)
+    far = {1: B.decode_floor_s(1, a100["hbm_bytes_per_s"]) * 1e6, 4096: 1e6}
+    assert _verdicts(w8a16_record(fused_us=far))[0] == "met"
+    assert _verdicts(w8a16_record(bf16_ratio=1.6)) == ["met", "missed", "met"]
+    assert _verdicts(w8a16_record(unfused_ratio=0.99)) == ["met", "met", "missed"]
+    assert _verdicts(w8a16_record(unfused_ratio=1.0))[2] == "met"     # never slower: a tie is met
+
+
+def test_w8a16_targets_without_the_measurements_they_need():
+    none = ["no measurement stored"] * 3
+    assert _verdicts(None) == none
+    assert _verdicts(w8a16_record(capability="9.0")) == none       # a W8A8 record is not judged
+    assert _verdicts(fake_record()) == none
+    # unfused_w8a16 not timed at one M: a pass is not judged, a miss still counts
+    r = w8a16_record()
+    r["results"] = [x for x in r["results"]
+                    if not (x["provider"] == "unfused_w8a16" and x["m"] == 4096)]
+    assert _verdicts(r)[2] == "no measurement stored"
+    for x in r["results"]:
+        if x["provider"] == "unfused_w8a16" and x["m"] == 1:
+            x["median_ms"] *= 0.5
+    assert _verdicts(r)[2] == "missed"
+    # a failed check removes torch_bf16 at M = 16: target 7 has no full decode range
+    r = w8a16_record()
+    for x in r["results"]:
+        if x["provider"] == "torch_bf16" and x["m"] == 16:
+            x["ok"] = False
+    assert _verdicts(r)[1] == "no measurement stored"
+    # a GPU with no entry in gpu_ceilings.json: target 6 says so instead of guessing
+    v = _verdicts(w8a16_record(gpu="NVIDIA A100 80GB PCIe"))
+    assert v[0] == "not judged: no gpu_ceilings.json entry for 'NVIDIA A100 80GB PCIe'"
+    assert v[1:] == ["met", "met"]
