@@ -2,10 +2,11 @@
 
 # %% auto #0
 __all__ = ['INTERPRETED', 'NATIVE', 'QUANT_BLOCK', 'GEMM_TILES', 'PARTIAL_BUDGET', 'MIN_STEPS', 'MAX_SPLIT', 'ADA_TILES',
-           'ARCH_TILES', 'SM_SHARED', 'SM_REGS', 'TC_ACC_BITS', 'TC_CHUNK', 'dequantize_blockwise_triton',
-           'decode_e4m3', 'act_quant', 'rmsnorm_quant', 'plan_gemm', 'device_sms', 'device_arch', 'fp8_gemm',
-           'tensor_core_matmul', 'tensor_core_error', 'tensor_core_mlp', 'w8a16_gemm', 'fp8_gate_up_swiglu_quant',
-           'fp8_down_residual']
+           'W8A16_ARCHS', 'AMPERE_TILES', 'TURING_TILES', 'ARCH_TILES', 'SM_SHARED', 'SM_REGS', 'TMA_ARCHS',
+           'TC_ACC_BITS', 'TC_CHUNK', 'FP16_MAX', 'dequantize_blockwise_triton', 'decode_e4m3', 'act_quant',
+           'rmsnorm_quant', 'plan_gemm', 'device_sms', 'arch_family', 'device_arch', 'fp8_gemm', 'tensor_core_matmul',
+           'tensor_core_error', 'tensor_core_mlp', 'w8a16_gemm', 'fp8_gate_up_swiglu_quant', 'fp8_down_residual',
+           'rmsnorm_act', 'w8a16_gate_up_swiglu', 'fp16_bounds']
 
 # %% ../book/07_kernels.ipynb #0d3698a5
 import functools
@@ -24,8 +25,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor   # triton >= 3.4
 
-from .fp8 import (ACT_AMAX_EPS, FP8_DTYPE, FP8_MAX, FP8_TENSOR_CORES,
-                          quantize_activation)
+from .fp8 import ACT_AMAX_EPS, FP8_DTYPE, FP8_MAX, quantize_activation
 from .swiglu import silu          # chapter 4: the reference's SiLU
 from .tiles import tuned_tiles    # appendix C: the per-GPU tables, as data
 
@@ -185,6 +185,16 @@ def _check_tensor(name, t, dtypes, shape=None, device=None, row_stride_ok=False)
         device_arch(t.device)               # refuses a GPU without FP8 tensor cores
 
 # %% ../book/07_kernels.ipynb #94ee210c
+def _check_e4m3_gpu(name, t):
+    """A tensor for a kernel that needs the e4m3 type, on a GPU without one (compute
+    capability below 8.9): refused in one line, before Triton refuses the type."""
+    if t.device.type == "cuda" and device_arch(t.device) in W8A16_ARCHS:
+        raise RuntimeError(f"{name}: {t.device} has no e4m3 type (compute capability "
+                           "below 8.9), which this kernel needs; the W8A16 kernels "
+                           "(w8a16_gemm, or FusedFp8DenseMLP, which picks them) run "
+                           "there")
+
+
 def _check_rank(name, t, rank, what):
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
@@ -280,6 +290,7 @@ def _check_dequantize_args(w_fp8, weight_scale_inv, block_size, dtype, out):
     [ceil(N/bn), ceil(K/bk)] fp32, the output dtype and an optional [N, K] buffer that
     overlaps neither. Returns (N, K, bn, bk, out)."""
     _check_rank("w_fp8", w_fp8, 2, "[N, K]")
+    _check_e4m3_gpu("w_fp8", w_fp8)
     bn, bk = _check_block_size(block_size)
     _check_tensor("w_fp8", w_fp8, FP8_DTYPE)
     n, k = w_fp8.shape
@@ -322,22 +333,13 @@ def dequantize_blockwise_triton(w_fp8: torch.Tensor, weight_scale_inv: torch.Ten
 @triton.jit
 def _e4m3_decode(code, BF16: tl.constexpr):
     """code: e4m3 bit patterns as uint8 -> their exact values as bf16 (BF16) or fp16,
-    from integer operations alone: no e4m3 type, which GPUs before sm_89 lack."""
+    without an e4m3 type (GPUs before sm_89 lack it): the bits moved into an fp32 whose
+    exponent field holds e4m3's, then one exact multiply by 2^(127 - 7)."""
     c = code.to(tl.int32)
-    sign, e, m = (c >> 7) & 1, (c >> 3) & 0xF, c & 0x7
-    sub = e == 0                                  # subnormal: m * 2^-9
-    p = (m >= 2).to(tl.int32) + (m >= 4).to(tl.int32)    # its leading bit
-    exp2 = tl.where(sub, p - 9, e - 7)            # the value's power of two
-    frac = tl.where(sub, (m - (1 << p)) << (3 - p), m)    # 3 fraction bits
-    if BF16:   # 8 exponent bits (bias 127), 7 fraction bits
-        bits = (sign << 15) | ((exp2 + 127) << 7) | (frac << 4)
-        nan = 0x7FC0
-    else:      # fp16: 5 exponent bits (bias 15), 10 fraction bits
-        bits = (sign << 15) | ((exp2 + 15) << 10) | (frac << 7)
-        nan = 0x7E00
-    bits = tl.where(sub & (m == 0), sign << 15, bits)               # +0 and -0
-    bits = tl.where((c & 0x7F) == 0x7F, (sign << 15) | nan, bits)   # 0x7F, 0xFF
-    return bits.to(tl.int16).to(tl.bfloat16 if BF16 else tl.float16, bitcast=True)
+    bits = ((c & 0x80) << 24) | ((c & 0x7F) << 20)     # sign; exponent and mantissa
+    v = bits.to(tl.float32, bitcast=True) * 1.329227995784916e36       # * 2^120
+    v = tl.where((c & 0x7F) == 0x7F, float("nan"), v)  # 0x7F, 0xFF: NaN, not 480
+    return v.to(tl.bfloat16 if BF16 else tl.float16)   # exact: 4 significant bits
 
 
 @triton.jit
@@ -421,6 +423,7 @@ def _check_act_quant_args(x, group_size, out, scale_out):
     _check_rank("x", x, 2, "[M, K]")
     _check_tensor("x", x, (torch.bfloat16, torch.float16, torch.float32),
                   row_stride_ok=True)
+    _check_e4m3_gpu("x", x)
     _check_group_size(group_size)
     m, k = x.shape
     if k == 0:
@@ -510,6 +513,7 @@ def _check_rmsnorm_args(h, weight, eps, group_size, out, scale_out, normed_out):
     """rmsnorm_quant's arguments, the inputs and the optional buffers (none may overlap
     an input). Returns (M, d, groups, out, scale_out)."""
     m, d = _check_rmsnorm_inputs(h, weight, eps, group_size)
+    _check_e4m3_gpu("h", h)
     groups = math.ceil(d / group_size)
     out = _check_out("out", out, FP8_DTYPE, (m, d), h.device)
     scale_out = _check_out("scale_out", scale_out, torch.float32, (m, groups), h.device)
@@ -798,8 +802,36 @@ ADA_TILES = {
                 (256, _tiles(False, 32, 8, 2, 184)),
                 (None, _tiles(False, 32, 8, 2, 184))),
 }
-#: Per GPU family (90: Hopper, 89: Ada): its default tiles.
-ARCH_TILES = {90: GEMM_TILES, 89: ADA_TILES}
+
+# %% ../book/07_kernels.ipynb #a3adb214
+def _w8a16_tiles(block_m, block_n, warps, stages, regs, sub_k=32):
+    """A tile row of the W8A16 kernels (section 3): BLOCK_M x BLOCK_N outputs, each
+    128-wide K step in SUB_K-wide slices (the decoded weights live in registers)."""
+    return dict(SWAP=False, BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8, TMA_A=False,
+                SUB_K=sub_k, num_warps=warps, num_stages=stages, regs=regs)
+
+
+#: The GPU families without an e4m3 type, which run W8A16 (section 3): Turing (75:
+#: T4, fp16 operands), Ampere (80: A100; 86: A10G, RTX 30xx, and Orin's 8.7).
+W8A16_ARCHS = (75, 80, 86)
+#: Their tiles: no swap and no TMA (`mma.sync`, or FMA on Turing), 64 or 128 weight
+#: rows, K steps of 128 in slices of 32: sizes that compile without spilling under
+#: triton 3.6 and 3.9 (appendix D). No measurement on these GPUs is stored yet.
+AMPERE_TILES = {
+    "gemm": ((16, _w8a16_tiles(16, 64, 4, 3, 168)),
+             (None, _w8a16_tiles(16, 64, 4, 3, 168))),
+    "gate_up": ((16, _w8a16_tiles(16, 64, 4, 3, 255)),
+                (None, _w8a16_tiles(16, 64, 4, 3, 255))),
+}
+TURING_TILES = {
+    "gemm": ((None, _w8a16_tiles(16, 64, 4, 2, 255)),),
+    "gate_up": ((None, _w8a16_tiles(16, 64, 4, 2, 255)),),
+}
+#: Per GPU family, its default tiles: 90 Hopper, 100 Blackwell's data-centre parts
+#: (B200), which compile Hopper's tiles; 89 Ada and 120 Blackwell's desktop parts (RTX
+#: 50xx), FP8 `mma.sync` both; 80, 86, 75 the W8A16 families.
+ARCH_TILES = {90: GEMM_TILES, 100: GEMM_TILES, 89: ADA_TILES, 120: ADA_TILES,
+              80: AMPERE_TILES, 86: AMPERE_TILES, 75: TURING_TILES}
 
 # %% ../book/07_kernels.ipynb #8d2b7c11
 def _tile_row(kind, m, n, k, tiles=None, arch=90):
@@ -844,15 +876,19 @@ def _check_split_k(split_k):
 # %% ../book/07_kernels.ipynb #af439d67
 #: Shared memory and registers of one SM, for the occupancy estimate (CUDA C++
 #: Programming Guide, "Technical Specifications per Compute Capability").
-SM_SHARED = {90: 228 * 1024, 89: 100 * 1024}
+SM_SHARED = {90: 228 * 1024, 100: 228 * 1024, 89: 100 * 1024, 120: 100 * 1024,
+             80: 164 * 1024, 86: 100 * 1024, 75: 64 * 1024}
 SM_REGS = 65536
 
 
 def _occupancy(row, outputs, arch):
-    """A tile row's shared-memory estimate (bytes: its pipeline's e4m3 buffers, the
-    scales live in registers) and the programs one SM holds, by shared memory (1 KB
-    reserved a program) and by registers (`regs`, a ceiling, times the threads)."""
-    smem = row["num_stages"] * (outputs * row["BLOCK_N"] + row["BLOCK_M"]) * QUANT_BLOCK
+    """A tile row's shared-memory estimate (bytes: its pipeline's buffers, weights in
+    e4m3 and activations in e4m3, or in 16 bits on the W8A16 families; the scales live
+    in registers) and the programs one SM holds, by shared memory (1 KB reserved a
+    program) and by registers (`regs`, a ceiling, times the threads)."""
+    act = 2 if arch in W8A16_ARCHS else 1
+    smem = (row["num_stages"] * (outputs * row["BLOCK_N"] + act * row["BLOCK_M"])
+            * QUANT_BLOCK)
     threads = 32 * row["num_warps"]
     per_sm = max(1, min(SM_SHARED[arch] // (smem + 1024),
                         SM_REGS // (row["regs"] * threads)))
@@ -915,23 +951,35 @@ def device_sms(device: torch.device) -> int:
     return _cuda_sms(_cuda_index(device)) if device.type == "cuda" else 1
 
 
+def arch_family(cap: tuple) -> int:
+    """A compute capability (major, minor) -> the GPU family of `ARCH_TILES`; below 7.5
+    (which Triton's `tl.dot` does not serve) a one-line error."""
+    if tuple(cap) < (7, 5):
+        raise RuntimeError(f"compute capability {cap[0]}.{cap[1]}: these kernels need "
+                           "7.5 or more (Turing, Ampere, Ada, Hopper, Blackwell)")
+    major, minor = cap
+    if major == 7:
+        return 75
+    if major == 8:
+        return 80 if minor == 0 else 89 if minor >= 9 else 86
+    return {9: 90, 10: 100, 11: 100, 12: 120}.get(major, 100)
+
+
 @functools.lru_cache(maxsize=None)
 def _cuda_arch(index: int) -> int:
-    cap = torch.cuda.get_device_capability(index)
-    if cap < FP8_TENSOR_CORES:
-        need = ".".join(map(str, FP8_TENSOR_CORES))
-        raise RuntimeError(
-            f"{torch.cuda.get_device_name(index)} (cuda:{index}) has compute "
-            f"capability {cap[0]}.{cap[1]}; these kernels need FP8 tensor cores, "
-            f"compute capability {need} or more (Ada, Hopper)")
-    return 89 if cap in ((8, 9), (12, 0), (12, 1)) else 90
+    try:
+        return arch_family(torch.cuda.get_device_capability(index))
+    except RuntimeError as e:
+        raise RuntimeError(f"{torch.cuda.get_device_name(index)} (cuda:{index}): "
+                           f"{e}") from None
 
 
 def device_arch(device: torch.device) -> int:
-    """The GPU family plans are made for: 90 (Hopper and its like: wgmma, TMA, 227 KB
-    of shared memory a program) or 89 (Ada and its like: `mma.sync`, 99 KB). A CUDA
-    device below compute capability 8.9 is refused here, in one line, before Triton
-    would refuse the e4m3 type; the interpreter plans as for Hopper."""
+    """The GPU family plans are made for (`arch_family`): 90 and 100 (wgmma or
+    tcgen05, TMA, 227 KB of shared memory a program), 89 and 120 (FP8 `mma.sync`, 99
+    KB), or 80, 86 and 75, which have no e4m3 type and run W8A16. A CUDA device below
+    compute capability 7.5 is refused here, in one line; the interpreter plans as for
+    Hopper."""
     if _COMPILE_ONLY_SMS is not None:
         return _COMPILE_ONLY_ARCH
     return _cuda_arch(_cuda_index(device)) if device.type == "cuda" else 90
@@ -973,6 +1021,7 @@ def _check_fp8_operands(a_name, a, s_name, a_s, w_name, w, ws_name, w_s):
     "[M, K] e4m3 activations with [M, ceil(K/128)] scales; an [N, K] e4m3 weight."
     _check_rank(a_name, a, 2, "[M, K]")
     _check_tensor(a_name, a, FP8_DTYPE, row_stride_ok=True)
+    _check_e4m3_gpu(a_name, a)
     m, k = a.shape
     if k == 0:
         raise ValueError(f"{a_name}: expected a non-empty K dimension, got shape "
@@ -1021,6 +1070,10 @@ def _check_down_args(p_fp8, p_scale, down_w, down_scale, residual, out, split_k)
     return m, d, f, out
 
 # %% ../book/07_kernels.ipynb #939266d1
+#: The families whose kernels read through TMA descriptors: Hopper and B200.
+TMA_ARCHS = (90, 100)
+
+
 def _tma_ok(*tensors) -> bool:
     "Whether TMA can read these 2-d tensors: unit stride along K, 16-byte aligned rows."
     return all(t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0
@@ -1029,16 +1082,16 @@ def _tma_ok(*tensors) -> bool:
 
 def _weight_operands(*weights):
     """Weights [N, K] e4m3 as the GEMM kernels read them: TMA descriptors of their
-    128 x 128 tiles when the GPU has TMA (Hopper) and every one allows it, else the
-    tensors (masked loads)."""
-    if device_arch(weights[0].device) < 90 or not _tma_ok(*weights):
+    128 x 128 tiles when the GPU has TMA (`TMA_ARCHS`) and every one allows it, else
+    the tensors (masked loads)."""
+    if device_arch(weights[0].device) not in TMA_ARCHS or not _tma_ok(*weights):
         return weights
     return tuple(TensorDescriptor.from_tensor(w, [128, QUANT_BLOCK]) for w in weights)
 
 
 def _act_operand(a, plan):
     "The activation as `plan` reads it: a [BLOCK_M, 128] descriptor (TMA_A), or itself."
-    if plan["TMA_A"] and plan["arch"] >= 90 and _tma_ok(a):
+    if plan["TMA_A"] and plan["arch"] in TMA_ARCHS and _tma_ok(a):
         return TensorDescriptor.from_tensor(a, [plan["BLOCK_M"], QUANT_BLOCK]), True
     return a, False
 
@@ -1155,64 +1208,192 @@ def tensor_core_mlp(x_fp8, x_scale, gate_w, gate_scale, up_w, up_scale, down_w=N
         out["y"] = tensor_core_matmul(p_fp8, p_scale, down_w, down_scale, acc_bits)
     return out
 
-# %% ../book/07_kernels.ipynb #2a181d82
+# %% ../book/07_kernels.ipynb #3ba03669
 @triton.jit
-def _w8a16_gemm_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, s_cols,
-                       BLOCK_M: tl.constexpr, BF16: tl.constexpr,
-                       UPCAST: tl.constexpr, NATIVE: tl.constexpr):
-    """out [M, N] = x [M, K] @ (decode(w) * s^w)^T: x bf16 (BF16) or fp16, w e4m3
-    codes as bytes [N, K], one fp32 scale per 128 x 128 block, applied to each K step's
-    fp32 partial sum. UPCAST: dot in fp32 (the interpreter's bf16 dot is wrong)."""
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * 128 + tl.arange(0, 128)                  # one weight block's rows
-    rk = tl.arange(0, 128)
-    acc = tl.zeros((BLOCK_M, 128), dtype=tl.float32)
-    for k0 in range(0, K, 128):
-        kk = k0 + rk
-        x = tl.load(x_ptr + rm[:, None] * K + kk[None, :],
-                    mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
-        code = tl.load(w_ptr + rn[:, None] * K + kk[None, :],
-                       mask=(rn[:, None] < N) & (kk[None, :] < K), other=0)
-        w = _e4m3_decode(code, BF16)                      # bytes -> bf16 / fp16
-        if UPCAST:
-            x, w = x.to(tl.float32), w.to(tl.float32)
-        s = tl.load(s_ptr + pid_n * s_cols + k0 // 128)   # s^w of this step
-        acc += tl.dot(x, tl.trans(w)) * s
+def _bf16_load(ptr, offs, mask):
+    "bf16 values stored at ptr (an int16 view) -> fp32, exactly: a shift, on any GPU."
+    bits = tl.load(ptr + offs, mask=mask, other=0).to(tl.int32) & 0xFFFF
+    return (bits << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _round_act(x, BF16: tl.constexpr):
+    """fp32 -> the nearest value of the activations' type, still fp32: bf16 by integers
+    (`_round_to_bf16`), or fp16 by the conversion, whose overflow is inf, not 65504."""
     if BF16:
-        acc = _to_bf16(acc, NATIVE)                       # one rounding to nearest
-    tl.store(out_ptr + rm[:, None] * N + rn[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=(rm[:, None] < M) & (rn[None, :] < N))
+        return _round_to_bf16(x)
+    else:
+        return x.to(tl.float16).to(tl.float32)
+
+
+@triton.jit
+def _act_store(ptr, offs, x, mask, BF16: tl.constexpr):
+    """Store x (fp32 holding a value of the activations' type) as bf16 bits into an
+    int16 view (BF16; a NaN stays NaN) or as fp16."""
+    if BF16:
+        bits = x.to(tl.uint32, bitcast=True) >> 16
+        tl.store(ptr + offs, tl.where(x != x, 0x7FC0, bits).to(tl.int16), mask=mask)
+    else:
+        tl.store(ptr + offs, x.to(tl.float16), mask=mask)
+
+# %% ../book/07_kernels.ipynb #a42fee86
+@triton.jit
+def _w8a16_part(x_ptr, w_ptr, K, rm, m_ok, rn, n_ok, k, part, BF16: tl.constexpr,
+                UPCAST: tl.constexpr):
+    """part + x[rm, k] @ decode(w[rn, k])^T: one slice k of a K step, the weight codes
+    (bytes) decoded in registers, summed on the tensor cores into the fp32 part.
+    UPCAST: the dot in fp32 (the interpreter's bf16 dot is wrong; bf16 and fp16
+    values are exact in fp32)."""
+    x = tl.load(x_ptr + rm[:, None] * K + k[None, :],
+                mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
+    code = tl.load(w_ptr + rn[:, None] * K + k[None, :],
+                   mask=n_ok[:, None] & (k < K)[None, :], other=0)
+    w = _e4m3_decode(code, BF16)
+    if UPCAST:
+        x, w = x.to(tl.float32), w.to(tl.float32)
+    return tl.dot(x, tl.trans(w), part)
+
+
+@triton.jit
+def _w8a16_epilogue(acc, r_ptr, c_ptr, offs, mask, HAS_RESIDUAL: tl.constexpr,
+                    OUT_BF16: tl.constexpr):
+    """The fp32 sum rounded to the output's type, bf16 (OUT_BF16) or fp16; with the
+    residual (bf16) added and rounded again, as the reference rounds `h + y`."""
+    out = _round_act(acc, OUT_BF16)
+    if HAS_RESIDUAL:
+        out = _round_to_bf16(out + _bf16_load(r_ptr, offs, mask))
+    _act_store(c_ptr, offs, out, mask, OUT_BF16)
+
+# %% ../book/07_kernels.ipynb #45a1026e
+@triton.jit
+def _w8a16_gemm_kernel(x_ptr, w_ptr, w_s_ptr, c_ptr, r_ptr, M, N, K, splits,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, SUB_K: tl.constexpr,
+                       GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
+                       HAS_RESIDUAL: tl.constexpr, BF16: tl.constexpr,
+                       OUT_BF16: tl.constexpr, UPCAST: tl.constexpr):
+    """C [M, N] = x [M, K] @ (decode(w) * s^w)^T (+ r): x bf16 (BF16) or fp16, w the
+    e4m3 codes as bytes [N, K], w_s one fp32 scale per 128 x 128 block, applied to each
+    K step's fp32 sum. Grid and split as `_fp8_gemm_kernel`; c (an int16 view when
+    OUT_BF16) or, when SPLIT, the fp32 workspace [splits, M, N]; r: int16 bits."""
+    _, off_m, off_n, rm, rn, m_ok, n_ok, k_steps, lo, hi = _program_tile(
+        M, N, K, splits, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for step in range(lo, hi):
+        part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for j in tl.static_range(BLOCK_K // SUB_K):
+            k = step * BLOCK_K + j * SUB_K + tl.arange(0, SUB_K)
+            part = _w8a16_part(x_ptr, w_ptr, K, rm, m_ok, rn, n_ok, k, part, BF16,
+                               UPCAST)
+        acc += part * tl.load(w_s_ptr + (off_n // 128) * k_steps + step)
+    offs, mask = rm[:, None] * N + rn[None, :], m_ok[:, None] & n_ok[None, :]
+    if SPLIT:
+        tl.store(c_ptr + tl.program_id(1) * M * N + offs, acc, mask=mask)
+    else:
+        _w8a16_epilogue(acc, r_ptr, c_ptr, offs, mask, HAS_RESIDUAL, OUT_BF16)
+
+
+@triton.jit
+def _w8a16_reduce_kernel(ws_ptr, r_ptr, c_ptr, numel, splits, BLOCK: tl.constexpr,
+                         HAS_RESIDUAL: tl.constexpr, OUT_BF16: tl.constexpr):
+    "The split-K partials ws [splits, numel] summed in slice order, then the epilogue."
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
+    for s in range(1, splits):
+        acc += tl.load(ws_ptr + s * numel + offs, mask=mask, other=0.0)
+    _w8a16_epilogue(acc, r_ptr, c_ptr, offs, mask, HAS_RESIDUAL, OUT_BF16)
+
+# %% ../book/07_kernels.ipynb #966e835a
+def _bits(t):
+    "A bf16 tensor as the int16 bits the W8A16 kernels read and write; others as is."
+    return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
+
+
+def _w8a16_plan_for(kind, m, n, k, device, split_k=None, num_sms=None):
+    """The cached plan of a W8A16 launch on `device`: its family's tiles on Turing and
+    Ampere; on a GPU with e4m3 (which runs sm_80 code too) and in the interpreter,
+    the A100's, with the device's SM count."""
+    arch = device_arch(device)
+    sms = num_sms if num_sms is not None else device_sms(device)
+    return _plan(kind, m, n, k, sms, split_k, None, arch if arch in W8A16_ARCHS else 80)
+
+
+def _w8a16_meta(plan: dict) -> dict:
+    "The W8A16 kernels' keyword arguments that `plan` fixes."
+    keys = ("BLOCK_M", "BLOCK_N", "SUB_K", "GROUP_M", "num_warps", "num_stages")
+    return dict({key: plan[key] for key in keys}, BLOCK_K=QUANT_BLOCK,
+                UPCAST=INTERPRETED)
+
+
+def _launch_w8a16_gemm(x, w, w_s, out, residual, plan, ws=None):
+    """out = x @ (decode(w) * w_s)^T (+ residual) per `plan`, on validated tensors (w:
+    the codes as uint8), with split-K's reduction when the plan splits; ws: an
+    optional [split_k, M, N] fp32 workspace."""
+    (m, k), n, split = x.shape, out.shape[1], plan["split_k"]
+    r = _bits(residual if residual is not None else out)   # a placeholder when unused
+    flags = dict(HAS_RESIDUAL=residual is not None,
+                 OUT_BF16=out.dtype == torch.bfloat16)
+    bf16, grid = x.dtype == torch.bfloat16, (plan["tiles"], split)
+    if split == 1:
+        _w8a16_gemm_kernel[grid](x, w, w_s, _bits(out), r, m, n, k, 1, SPLIT=False,
+                                 BF16=bf16, **flags, **_w8a16_meta(plan))
+        return out
+    if ws is None:
+        ws = torch.empty(split, m, n, dtype=torch.float32, device=out.device)
+    _w8a16_gemm_kernel[grid](x, w, w_s, ws, r, m, n, k, split, SPLIT=True, BF16=bf16,
+                             **flags, **_w8a16_meta(plan))
+    _w8a16_reduce_kernel[(-(-m * n // 1024),)](ws, r, _bits(out), m * n, split,
+                                                BLOCK=1024, **flags)
+    return out
 
 # %% ../book/07_kernels.ipynb #c45543ad
-def _check_w8a16_args(x, w, weight_scale_inv):
-    "w8a16_gemm's arguments; returns (M, N, K) and w's bytes."
+def _check_w8a16_weight(name, w, s_name, s, k, device, n=None):
+    "An [N, K] e4m3 weight (or its bytes) and its block scales. Returns (N, its bytes)."
+    _check_rank(name, w, 2, "[N, K]")
+    _check_tensor(name, w, (torch.uint8, FP8_DTYPE), device=device)
+    if w.shape[1] != k or (n is not None and w.shape[0] != n):
+        raise ValueError(f"{name}: expected [{'N' if n is None else n}, {k}] (K of x), "
+                         f"got shape {list(w.shape)}")
+    _check_tensor(s_name, s, torch.float32, _scale_shape(w.shape[0], k), device)
+    return w.shape[0], w.view(torch.uint8)
+
+
+def _check_w8a16_args(x, w, weight_scale_inv, residual, out, split_k):
+    "w8a16_gemm's arguments. Returns (M, N, K, w's bytes, the output dtype, out)."
     _check_rank("x", x, 2, "[M, K]")
     _check_tensor("x", x, (torch.bfloat16, torch.float16))
-    _check_rank("w", w, 2, "[N, K]")
-    _check_tensor("w", w, (torch.uint8, FP8_DTYPE), device=x.device)
-    (m, k), n = x.shape, w.shape[0]
-    if w.shape[1] != k:
-        raise ValueError(f"w: expected {k} columns (x's K), got shape {list(w.shape)}")
-    _check_tensor("weight_scale_inv", weight_scale_inv, torch.float32,
-                  _scale_shape(n, k), x.device)
+    (m, k) = x.shape
+    n, codes = _check_w8a16_weight("w", w, "weight_scale_inv", weight_scale_inv, k,
+                                   x.device)
+    _check_split_k(split_k)
+    dtype = x.dtype if residual is None else torch.bfloat16
+    if residual is not None:
+        _check_rank("residual", residual, 2, f"[M, N] = [{m}, {n}]")
+        _check_tensor("residual", residual, torch.bfloat16, (m, n), x.device)
+    out = _check_out("out", out, dtype, (m, n), x.device)
+    _check_no_overlap([("out", out)], [("x", x), ("w", w), ("residual", residual),
+                                       ("weight_scale_inv", weight_scale_inv)],
+                      alias_ok={("out", "residual")})
     _check_offsets("x, w", "an operand", m * k, n * k, m * n)
-    return m, n, k, w.view(torch.uint8)
+    return m, n, k, codes, dtype, out
 
 # %% ../book/07_kernels.ipynb #99438434
-def w8a16_gemm(x: torch.Tensor, w: torch.Tensor,
-               weight_scale_inv: torch.Tensor) -> torch.Tensor:
-    """x [M, K] (bf16 or fp16) @ the block-scaled e4m3 weight w [N, K]: W8A16 from the
-    weight's bytes, for GPUs without an e4m3 type too. Returns [M, N] in x.dtype."""
-    m, n, k, codes = _check_w8a16_args(x, w, weight_scale_inv)
-    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    block_m = 16 if m <= 16 else 64
-    bf16 = x.dtype == torch.bfloat16
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, 128))
+def w8a16_gemm(x: torch.Tensor, w: torch.Tensor, weight_scale_inv: torch.Tensor, *,
+               residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
+               split_k: int | None = None, num_sms: int | None = None) -> torch.Tensor:
+    """x [M, K] (bf16 or fp16) @ the block-scaled e4m3 weight w [N, K] (float8_e4m3fn,
+    or its bytes as uint8): W8A16 from the weight's bytes, on every GPU from Turing on.
+    Returns [M, N] in x.dtype, the fp32 sum rounded once; with `residual` ([M, N]
+    bf16), `residual + that` rounded to bf16, as the reference rounds `h + y` (`out`
+    may be the residual itself). `split_k`, `num_sms` as in `fp8_gemm`."""
+    m, n, k, codes, dtype, out = _check_w8a16_args(x, w, weight_scale_inv, residual,
+                                                   out, split_k)
+    if out is None:
+        out = torch.empty(m, n, dtype=dtype, device=x.device)
     if m and n:
-        _w8a16_gemm_kernel[grid](x, codes, weight_scale_inv, out, m, n, k,
-                                 weight_scale_inv.shape[1], BLOCK_M=block_m, BF16=bf16,
-                                 UPCAST=INTERPRETED and bf16, NATIVE=not INTERPRETED)
+        plan = _w8a16_plan_for("gemm", m, n, k, x.device, split_k, num_sms)
+        _launch_w8a16_gemm(x, codes, weight_scale_inv, out, residual, plan)
     return out
 
 # %% ../book/07_kernels.ipynb #89e7aa13
@@ -1410,3 +1591,188 @@ def fp8_down_residual(p_fp8: torch.Tensor, p_scale: torch.Tensor, down_w: torch.
     plan = _plan_for("down", m, d, f, p_fp8.device, split_k, num_sms)
     (w,) = _weight_operands(down_w)
     return _launch_gemm(p_fp8, p_scale, w, down_scale, out, residual, plan)
+
+# %% ../book/07_kernels.ipynb #958ccce8
+@triton.jit
+def _rmsnorm_act_kernel(h_ptr, w_ptr, x_ptr, D, stride_h, d_float, eps,
+                        BLOCK_D: tl.constexpr, GAIN_BF16: tl.constexpr,
+                        BF16: tl.constexpr):
+    """One program per token: x = rms_norm(h) in the reference's order (as
+    `_rmsnorm_quant_kernel`), not quantized but stored in the activations' type (bf16
+    bits when BF16, else fp16). h, and a bf16 gain, are read as int16 bits."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_D)
+    mask = cols < D
+    h = _bf16_load(h_ptr + row * stride_h, cols, mask)
+    mean_sq = tl.math.div_rn(tl.sum(h * h, axis=0), d_float)
+    rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(mean_sq + eps))
+    xn = _round_to_bf16(h * rstd)                  # xf.to(bf16), as the reference does
+    if GAIN_BF16:
+        x = _round_to_bf16(_bf16_load(w_ptr, cols, mask) * xn)
+    else:
+        x = tl.load(w_ptr + cols, mask=mask, other=0.0) * xn
+    _act_store(x_ptr + row * D, cols, _round_act(x, BF16), mask, BF16)
+
+# %% ../book/07_kernels.ipynb #6d99776d
+@triton.jit
+def _w8a16_swiglu_store(acc_g, acc_u, p_ptr, offs, mask, BF16: tl.constexpr):
+    """p = silu(g) * u, rounded where the w8a16 reference rounds: g and u to the
+    activations' type, silu(g), then the product; stored in that type."""
+    g, u = _round_act(acc_g, BF16), _round_act(acc_u, BF16)
+    silu = _round_act(_swiglu(g, 1.0), BF16)
+    _act_store(p_ptr, offs, _round_act(silu * u, BF16), mask, BF16)
+
+
+@triton.jit
+def _w8a16_gate_up_kernel(x_ptr, g_ptr, g_s_ptr, u_ptr, u_s_ptr, p_ptr, ws_ptr, M, F, K,
+                          splits, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                          BLOCK_K: tl.constexpr, SUB_K: tl.constexpr,
+                          GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
+                          BF16: tl.constexpr, UPCAST: tl.constexpr):
+    """p [M, F] = silu(x @ gate^T) * (x @ up^T) in the activations' type, from the
+    weights' bytes (gate, up: [F, K] codes, one fp32 scale per 128 x 128 block). SPLIT:
+    only the fp32 sums of g and u, into ws [splits, 2, M, F]."""
+    _, off_m, off_n, rm, rn, m_ok, n_ok, k_steps, lo, hi = _program_tile(
+        M, F, K, splits, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros_like(acc_g)
+    for step in range(lo, hi):
+        part_g, part_u = tl.zeros_like(acc_g), tl.zeros_like(acc_g)
+        for j in tl.static_range(BLOCK_K // SUB_K):
+            k = step * BLOCK_K + j * SUB_K + tl.arange(0, SUB_K)
+            part_g = _w8a16_part(x_ptr, g_ptr, K, rm, m_ok, rn, n_ok, k, part_g, BF16,
+                                 UPCAST)
+            part_u = _w8a16_part(x_ptr, u_ptr, K, rm, m_ok, rn, n_ok, k, part_u, BF16,
+                                 UPCAST)
+        s = (off_n // 128) * k_steps + step                  # the step's block scales
+        acc_g += part_g * tl.load(g_s_ptr + s)
+        acc_u += part_u * tl.load(u_s_ptr + s)
+    offs, mask = rm[:, None] * F + rn[None, :], m_ok[:, None] & n_ok[None, :]
+    if SPLIT:
+        tl.store(ws_ptr + tl.program_id(1) * 2 * M * F + offs, acc_g, mask=mask)
+        tl.store(ws_ptr + (tl.program_id(1) * 2 + 1) * M * F + offs, acc_u, mask=mask)
+    else:
+        _w8a16_swiglu_store(acc_g, acc_u, p_ptr, offs, mask, BF16)
+
+# %% ../book/07_kernels.ipynb #0a6d1724
+@triton.jit
+def _w8a16_swiglu_reduce_kernel(ws_ptr, p_ptr, numel, splits, BLOCK: tl.constexpr,
+                                BF16: tl.constexpr):
+    "Sum the gate/up partials ws [splits, 2, numel] in slice order, then SwiGLU."
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < numel
+    acc_g = tl.load(ws_ptr + offs, mask=mask, other=0.0)
+    acc_u = tl.load(ws_ptr + numel + offs, mask=mask, other=0.0)
+    for s in range(1, splits):
+        acc_g += tl.load(ws_ptr + 2 * s * numel + offs, mask=mask, other=0.0)
+        acc_u += tl.load(ws_ptr + (2 * s + 1) * numel + offs, mask=mask, other=0.0)
+    _w8a16_swiglu_store(acc_g, acc_u, p_ptr, offs, mask, BF16)
+
+
+def _launch_w8a16_norm(h, gain, eps, x):
+    "x [M, d] (bf16 or fp16) = rms_norm(h [M, d] bf16, gain, eps), validated tensors."
+    m, d = h.shape
+    block_d = max(1 << (d - 1).bit_length(), 128)
+    _rmsnorm_act_kernel[(m,)](_bits(h), _bits(gain), _bits(x), d, h.stride(0), float(d),
+                              float(eps), BLOCK_D=block_d,
+                              GAIN_BF16=gain.dtype == torch.bfloat16,
+                              BF16=x.dtype == torch.bfloat16,
+                              num_warps=8 if block_d >= 4096 else 4)
+
+
+def _launch_w8a16_gate_up(x, gate, gate_s, up, up_s, p, plan, ws=None):
+    """p = silu(x gate^T) * (x up^T) per `plan`, on validated tensors (weights as
+    uint8), with the reduction when the plan splits K; ws: an optional workspace."""
+    (m, k), f, split = x.shape, p.shape[1], plan["split_k"]
+    bf16, meta = x.dtype == torch.bfloat16, _w8a16_meta(plan)
+    if split == 1:
+        _w8a16_gate_up_kernel[(plan["tiles"], 1)](x, gate, gate_s, up, up_s, _bits(p),
+                                                  p, m, f, k, 1, SPLIT=False, BF16=bf16,
+                                                  **meta)
+        return p
+    if ws is None:
+        ws = torch.empty(split, 2, m, f, dtype=torch.float32, device=p.device)
+    _w8a16_gate_up_kernel[(plan["tiles"], split)](x, gate, gate_s, up, up_s, ws, ws, m,
+                                                  f, k, split, SPLIT=True, BF16=bf16,
+                                                  **meta)
+    _w8a16_swiglu_reduce_kernel[(-(-m * f // 1024),)](ws, _bits(p), m * f, split,
+                                                       BLOCK=1024, BF16=bf16)
+    return p
+
+# %% ../book/07_kernels.ipynb #3995b042
+def _check_w8a16_gate_up_args(x, gate_w, gate_scale, up_w, up_scale, out, split_k):
+    "w8a16_gate_up_swiglu's arguments. Returns (M, F, d, gate's bytes, up's, out)."
+    _check_rank("x", x, 2, "[M, d]")
+    _check_tensor("x", x, (torch.bfloat16, torch.float16))
+    m, k = x.shape
+    f, gate = _check_w8a16_weight("gate_w", gate_w, "gate_scale", gate_scale, k,
+                                  x.device)
+    _, up = _check_w8a16_weight("up_w", up_w, "up_scale", up_scale, k, x.device, n=f)
+    _check_split_k(split_k)
+    out = _check_out("out", out, x.dtype, (m, f), x.device)
+    _check_no_overlap([("out", out)], [("x", x), ("gate_w", gate_w), ("up_w", up_w),
+                                       ("gate_scale", gate_scale),
+                                       ("up_scale", up_scale)])
+    _check_offsets("x, gate_w", "an operand", m * k, f * k, m * f)
+    return m, f, k, gate, up, out
+
+# %% ../book/07_kernels.ipynb #988804a4
+def rmsnorm_act(h: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
+                dtype=torch.bfloat16, *, out: torch.Tensor | None = None):
+    """The W8A16 block's first launch: `rms_norm(h, weight, eps)` of [M, d] bf16 rows
+    (chapter 2's order) in `dtype`, bf16 or fp16, not quantized. With a bf16 gain it
+    equals `rms_norm(h, weight, eps).to(dtype)` bit for bit; in fp16 a value beyond
+    65504 becomes inf (`_round_act`). `out`: an optional [M, d] buffer."""
+    m, d = _check_rmsnorm_inputs(h, weight, eps, 128)
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise ValueError("dtype: expected torch.bfloat16 or torch.float16, "
+                         f"got {dtype!r}")
+    out = _check_out("out", out, dtype, (m, d), h.device)
+    _check_no_overlap([("out", out)], [("h", h), ("weight", weight)])
+    out = torch.empty(m, d, dtype=dtype, device=h.device) if out is None else out
+    if m:
+        _launch_w8a16_norm(h, weight, eps, out)
+    return out
+
+
+def w8a16_gate_up_swiglu(x: torch.Tensor, gate_w: torch.Tensor,
+                         gate_scale: torch.Tensor, up_w: torch.Tensor,
+                         up_scale: torch.Tensor, *,
+                         out: torch.Tensor | None = None, split_k: int | None = None,
+                         num_sms: int | None = None) -> torch.Tensor:
+    """p = silu(x @ gate^T) * (x @ up^T) from the weights' bytes: x [M, d] bf16 or fp16;
+    gate_w, up_w [F, d] e4m3 (or their bytes) with [ceil(F/128), ceil(d/128)] fp32
+    scales. Returns p [M, F] in x.dtype, rounded where the w8a16 reference rounds.
+    `out`: an optional buffer; `split_k`, `num_sms` as in `fp8_gemm`."""
+    m, f, k, gate, up, out = _check_w8a16_gate_up_args(x, gate_w, gate_scale, up_w,
+                                                       up_scale, out, split_k)
+    out = torch.empty(m, f, dtype=x.dtype, device=x.device) if out is None else out
+    if m and f:
+        plan = _w8a16_plan_for("gate_up", m, f, k, x.device, split_k, num_sms)
+        _launch_w8a16_gate_up(x, gate, gate_scale, up, up_scale, out, plan)
+    return out
+
+# %% ../book/07_kernels.ipynb #17c4a719
+FP16_MAX = 65504.0
+
+
+def fp16_bounds(norm_weight: torch.Tensor, gate: torch.Tensor, gate_scale: torch.Tensor,
+                up: torch.Tensor, up_scale: torch.Tensor, rows: int = 1024) -> dict:
+    """Bounds on |x|, |g|, |u| and |p| of the W8A16 block over every input (the text's
+    Cauchy-Schwarz argument), in float64: x = sqrt(d) max|gain|; g, u = x times the
+    largest row norm of the dequantized weight; p = g u. Where a bound is below
+    FP16_MAX that value cannot overflow in fp16. Weights are read `rows` at a time."""
+    d = norm_weight.shape[0]
+    x = math.sqrt(d) * norm_weight.detach().abs().max().double().item()
+
+    def row_norm(w, s):
+        most, step = 0.0, max(128, rows // 128 * 128)        # whole scale blocks
+        for r0 in range(0, w.shape[0], step):
+            r1 = min(r0 + step, w.shape[0])
+            sc = s[r0 // 128:-(-r1 // 128)].double().repeat_interleave(128, 0)
+            block = w[r0:r1].double() * sc[:r1 - r0].repeat_interleave(128, 1)[:, :d]
+            most = max(most, block.norm(dim=1).max().item())
+        return most
+
+    g, u = x * row_norm(gate, gate_scale), x * row_norm(up, up_scale)
+    return {"x": x, "g": g, "u": u, "p": g * u}

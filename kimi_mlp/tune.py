@@ -38,7 +38,7 @@ def tile_candidates(kind: str, bound, arch: int = 90) -> list[dict]:
     doubled or halved) and, at decode (up to 32 tokens), the split forced to 1, 2, 4, 8
     or 16 slices. Deduplicated, in that order."""
     base = dict(next(row for b, row in kernels.ARCH_TILES[arch][kind] if b == bound))
-    bm, stages, hopper = base["BLOCK_M"], base["num_stages"], arch >= 90
+    bm, stages, hopper = base["BLOCK_M"], base["num_stages"], arch in kernels.TMA_ARCHS
     low, high = (16, 64) if base["SWAP"] or not hopper else (64, 128)
     steps = [dict(num_warps=12 - base["num_warps"]), dict(num_stages=stages + 1),
              dict(num_stages=max(2, stages - 1)),

@@ -293,14 +293,18 @@ for arch, bf16 in ((75, False), (80, True), (86, True)):
            "BLOCK": "constexpr"}
     src = ASTSource(kernels._decode_kernel, sig, {"BF16": bf16, "BLOCK": 1024})
     decode = triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm["ptx"]
-    sig = {"x_ptr": t, "w_ptr": "*u8", "s_ptr": "*fp32", "out_ptr": t, "M": "i32",
-           "N": "i32", "K": "i32", "s_cols": "i32", "BLOCK_M": "constexpr",
-           "BF16": "constexpr", "UPCAST": "constexpr", "NATIVE": "constexpr"}
-    src = ASTSource(kernels._w8a16_gemm_kernel, sig,
-                    {"BLOCK_M": 16, "BF16": bf16, "UPCAST": False, "NATIVE": True})
+    o = "*i16" if bf16 else "*fp16"
+    sig = {"x_ptr": t, "w_ptr": "*u8", "w_s_ptr": "*fp32", "c_ptr": o, "r_ptr": "*i16",
+           "M": "i32", "N": "i32", "K": "i32", "splits": "i32"}
+    cx = {"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SUB_K": 32, "GROUP_M": 8,
+          "SPLIT": False, "HAS_RESIDUAL": bf16, "BF16": bf16, "OUT_BF16": bf16,
+          "UPCAST": False}
+    sig.update({key: "constexpr" for key in cx})
+    src = ASTSource(kernels._w8a16_gemm_kernel, sig, cx)
     gemm = triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm["ptx"]
     ops = matrix_instructions(gemm)["ops"]
     out[arch] = {"e4m3": "e4m3" in decode + gemm,
+                 "ftz": "mul.ftz" in decode + gemm, "ieee_mul": "mul.f32" in decode,
                  "target": f".target sm_{arch}" in decode + gemm,
                  "mma": sorted({op["opcode"] for op in ops})}
 print(json.dumps(out))
@@ -317,6 +321,6 @@ def test_the_byte_decode_and_the_w8a16_gemm_compile_for_gpus_without_e4m3():
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     bf16_mma = ["mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"]
-    assert got == {"75": {"e4m3": False, "target": True, "mma": []},
-                   "80": {"e4m3": False, "target": True, "mma": bf16_mma},
-                   "86": {"e4m3": False, "target": True, "mma": bf16_mma}}, got
+    same = {"e4m3": False, "ftz": False, "ieee_mul": True, "target": True}
+    assert got == {"75": dict(same, mma=[]), "80": dict(same, mma=bf16_mma),
+                   "86": dict(same, mma=bf16_mma)}, got

@@ -870,7 +870,7 @@ def test_w8a16_gemm_propagates_nan_and_keeps_zero_blocks_zero():
     ((torch.zeros(2, 128), torch.zeros(128, 128, dtype=torch.uint8), torch.ones(1, 1)),
      "x: expected dtype torch.bfloat16 or torch.float16, got torch.float32"),
     ((torch.zeros(2, 128, dtype=torch.bfloat16), torch.zeros(128, 64, dtype=torch.uint8),
-      torch.ones(1, 1)), r"w: expected 128 columns \(x's K\), got shape \[128, 64\]"),
+      torch.ones(1, 1)), r"w: expected \[N, 128\] \(K of x\), got shape \[128, 64\]"),
     ((torch.zeros(2, 128, dtype=torch.bfloat16), torch.zeros(128, 128, dtype=torch.uint8),
       torch.ones(2, 1)), r"weight_scale_inv: expected shape \[1, 1\], got \[2, 1\]"),
 ])
