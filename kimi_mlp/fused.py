@@ -183,35 +183,103 @@ def _ffn_launches(rows, t: FfnTensors, weights, plans, scratch):
     return kernels._launch_gemm(p, p_scale, down, t.down_scale, out, rows,  # 3
                                 plan_dn, part_dn)
 
+# %% ../book/08_fused_mlp.ipynb #d3e4ed3d
+def _w8a16_scratch(m: int, d: int, f: int, plans, device, dtype) -> tuple:
+    "The W8A16 intermediates for m tokens: x and p in `dtype`, split-K's partials."
+    def empty(*shape, dtype=torch.float32):
+        return torch.empty(*shape, dtype=dtype, device=device)
+
+    gu, dn = plans
+    part_gu = empty(gu["split_k"], 2, m, f) if gu["split_k"] > 1 else None
+    part_dn = empty(dn["split_k"], m, d) if dn["split_k"] > 1 else None
+    return empty(m, d, dtype=dtype), empty(m, f, dtype=dtype), part_gu, part_dn
+
+
+def _w8a16_launches(rows, t: FfnTensors, weights, plans, scratch):
+    """The W8A16 launches of the FFN half (chapter 7, section 6) on contiguous [M, d]
+    bf16 rows, no checks: weights the codes as uint8, scratch `_w8a16_scratch`'s.
+    Returns a new [M, d] bf16 tensor."""
+    x, p, part_gu, part_dn = scratch
+    (gate, up, down), (plan_gu, plan_dn) = weights, plans
+    kernels._launch_w8a16_norm(rows, t.norm_weight, t.eps, x)                 # 1
+    kernels._launch_w8a16_gate_up(x, gate, t.gate_scale, up, t.up_scale, p,   # 2
+                                  plan_gu, part_gu)
+    out = torch.empty_like(rows)
+    return kernels._launch_w8a16_gemm(p, down, t.down_scale, out, rows,       # 3
+                                      plan_dn, part_dn)
+
 # %% ../book/08_fused_mlp.ipynb #0d77f80e
 #: Up to this many tokens, FusedFp8DenseMLP keeps plans and intermediates between calls.
 SCRATCH_MAX_M = 256
 
 
-def _plans_and_scratch(t: FfnTensors, m: int) -> tuple:
+def _plans_and_scratch(t: FfnTensors, m: int, w8a16_dtype=None) -> tuple:
     """The two GEMMs' plans (chapter 7) and the intermediates for m tokens, with the
-    32-bit offset guard checked before the first launch."""
+    32-bit offset guard checked before the first launch; `w8a16_dtype`: the W8A16
+    launches' activations (None: the FP8 launches)."""
     d, f, dev = t.hidden_size, t.intermediate_size, t.norm_weight.device
     if m * max(d, f) >= 2**31:
         kernels._check_offsets("h", f"[{m}, {d}] through the intermediate [M, {f}]",
                                m * max(d, f))
+    if w8a16_dtype is not None:
+        plans = (kernels._w8a16_plan_for("gate_up", m, f, d, dev),
+                 kernels._w8a16_plan_for("down", m, d, f, dev))
+        return plans, _w8a16_scratch(m, d, f, plans, dev, w8a16_dtype)
     plans = (kernels._plan_for("gate_up", m, f, d, dev),
              kernels._plan_for("down", m, d, f, dev))
     return plans, _scratch(m, d, f, plans, dev)
 
+# %% ../book/08_fused_mlp.ipynb #7fed3f7d
+def _choose_mode(device: torch.device, mode=None, act_dtype=None) -> tuple:
+    """The launches for a block on `device`, as (mode, activations' dtype): "w8a8",
+    the FP8 launches (dtype None), or "w8a16", chapter 7's section 6 (bf16 or fp16).
+    None picks by GPU family (`kernels.device_arch`): W8A16 where there is no e4m3
+    type, in fp16 on Turing (no bf16 tensor cores) and bf16 elsewhere."""
+    if mode not in (None, "w8a8", "w8a16"):
+        raise ValueError(f"mode: expected None, 'w8a8' or 'w8a16', got {mode!r}")
+    if act_dtype not in (None, torch.bfloat16, torch.float16):
+        raise ValueError(f"act_dtype: expected None, torch.bfloat16 or torch.float16, "
+                         f"got {act_dtype!r}")
+    arch = kernels.device_arch(device)
+    no_e4m3 = arch in kernels.W8A16_ARCHS
+    mode = mode or ("w8a16" if no_e4m3 else "w8a8")
+    if mode == "w8a8" and no_e4m3:
+        raise RuntimeError(f"mode: 'w8a8' needs an e4m3 type, which {device} lacks "
+                           "(compute capability below 8.9); use 'w8a16' or None")
+    if mode == "w8a8":
+        if act_dtype is not None:
+            raise ValueError(f"act_dtype: expected None with mode 'w8a8' (the FP8 "
+                             f"launches quantize), got {act_dtype}")
+        return mode, None
+    if act_dtype == torch.bfloat16 and arch == 75:
+        raise RuntimeError(f"act_dtype: torch.bfloat16 needs bf16 tensor cores, which "
+                           f"{device} (Turing) lacks; use torch.float16 or None")
+    return mode, act_dtype or (torch.float16 if arch == 75 else torch.bfloat16)
+
+
+def _weights_and_launches(t: FfnTensors, mode: str) -> tuple:
+    """The weights as `mode`'s launches read them (TMA descriptors where chapter 7 uses
+    them; the codes as bytes for W8A16), and the launches."""
+    if mode == "w8a16":
+        codes = tuple(w.view(torch.uint8) for w in (t.gate, t.up, t.down))
+        return codes, _w8a16_launches
+    return (*kernels._weight_operands(t.gate, t.up),
+            *kernels._weight_operands(t.down)), _ffn_launches
+
 # %% ../book/08_fused_mlp.ipynb #c61f2a9d
 class _CheckedOnce(nn.Module):
-    """What `FusedFp8DenseMLP` keeps between calls: the block's two submodules (shared,
-    not copied), its tensors checked (`_t`), the weights as the kernels read them
+    """What `FusedFp8DenseMLP` keeps between calls: the block's two submodules (shared),
+    its tensors checked (`_t`), the launches and the weights as they read them
     (`_weights`: TMA descriptors, built once), and per token count the plans and
     intermediates (`_per_m`) and CUDA graphs (`_graphs`)."""
 
-    def __init__(self, block: nn.Module):
+    def __init__(self, block: nn.Module, mode: str | None = None, act_dtype=None):
         super().__init__()
         gain = getattr(getattr(block, "post_attention_layernorm", None), "weight", None)
-        if isinstance(gain, torch.Tensor):        # a GPU without FP8 tensor cores:
-            kernels.device_arch(gain.device)      # refused in one line, first
+        if isinstance(gain, torch.Tensor):   # a GPU below 7.5, a mode it cannot run:
+            _choose_mode(gain.device, mode, act_dtype)     # refused in one line, first
         ffn_tensors(block)                                   # refuse a bad block first
+        self._asked = (mode, act_dtype)
         self.post_attention_layernorm = block.post_attention_layernorm
         self.mlp = block.mlp
         self.config = getattr(block, "config", None)
@@ -222,8 +290,8 @@ class _CheckedOnce(nn.Module):
         "Check the tensors and cache what every call reads; drop what was kept."
         self._t = t = ffn_tensors(self)
         self.hidden_size, self.intermediate_size = t.hidden_size, t.intermediate_size
-        self._weights = (*kernels._weight_operands(t.gate, t.up),
-                         *kernels._weight_operands(t.down))
+        self.mode, self.act_dtype = _choose_mode(t.norm_weight.device, *self._asked)
+        self._weights, self._launches = _weights_and_launches(t, self.mode)
         self._graphs, self._per_m = {}, {}
 
     def _apply(self, fn, *args, **kwargs):                   # .to(), .cuda(), ...
@@ -232,10 +300,9 @@ class _CheckedOnce(nn.Module):
         return self
 
     def _prepare(self, m: int, keep: bool = True):
-        """Plans and intermediates for m tokens, kept for the next call when
-        m <= SCRATCH_MAX_M (decode sizes: calls must then come one at a time, on one
-        CUDA stream, as in serving)."""
-        entry = _plans_and_scratch(self._t, m)
+        """Plans and intermediates for m tokens, kept for the next call when m <=
+        SCRATCH_MAX_M (calls must then come one at a time, on one CUDA stream)."""
+        entry = _plans_and_scratch(self._t, m, self.act_dtype)
         if keep and m <= SCRATCH_MAX_M:
             self._per_m[m] = entry
         return entry
@@ -246,13 +313,16 @@ class FusedFp8DenseMLP(_CheckedOnce):
     of `fused_ffn_block`. Built from a `ResidualBlock(RMSNorm, Fp8DenseMLP)` as
     `load_dense_block` returns it; shares that block's `post_attention_layernorm` and
     `mlp` (no copies), so the state_dict keys are the checkpoint's. Checks the tensors
-    once; forward(h: [B, T, d] or [M, d] bf16) checks only h and launches."""
+    once; forward(h: [B, T, d] or [M, d] bf16) checks only h and launches. `mode`,
+    `act_dtype`: the FP8 launches ("w8a8") or the W8A16 ones ("w8a16", activations
+    bf16 or fp16); None picks by GPU family (`_choose_mode`)."""
 
     @classmethod
-    def from_checkpoint(cls, checkpoint_dir, layer: int = 0, device="cpu"):
+    def from_checkpoint(cls, checkpoint_dir, layer: int = 0, device="cpu", **modes):
         "Load dense layer `layer` with `load_dense_block` (chapter 6) and wrap it."
         from kimi_mlp.checkpoint import load_dense_block
-        return cls(load_dense_block(checkpoint_dir, layer=layer, device=device))
+        block = load_dense_block(checkpoint_dir, layer=layer, device=device)
+        return cls(block, **modes)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         d = self.hidden_size
@@ -264,7 +334,7 @@ class FusedFp8DenseMLP(_CheckedOnce):
         if m in self._graphs:
             return _replay(self._graphs[m], rows).view(h.shape)
         plans, scratch = self._per_m.get(m) or self._prepare(m)
-        out = _ffn_launches(rows.contiguous(), self._t, self._weights, plans, scratch)
+        out = self._launches(rows.contiguous(), self._t, self._weights, plans, scratch)
         return out if h.dim() == 2 else out.view(h.shape)
 
     def capture_graphs(self, ms=(1, 2, 4, 8, 16, 32, 64)) -> "FusedFp8DenseMLP":
@@ -273,8 +343,9 @@ class FusedFp8DenseMLP(_CheckedOnce):
         return self
 
     def extra_repr(self) -> str:
-        return (f"hidden_size={self.hidden_size}, "
-                f"intermediate_size={self.intermediate_size}, launches=3")
+        dtype = "" if self.act_dtype is None else f", act_dtype={self.act_dtype}"
+        return (f"hidden_size={self.hidden_size}, intermediate_size="
+                f"{self.intermediate_size}, mode={self.mode!r}{dtype}, launches=3")
 
 # %% ../book/08_fused_mlp.ipynb #9e5c7f13
 @dataclass
@@ -308,7 +379,8 @@ def _capture(module: FusedFp8DenseMLP, m: int) -> _Graph:
     dev = module._t.norm_weight.device
     static_in = torch.zeros(m, module.hidden_size, dtype=torch.bfloat16, device=dev)
     plans, scratch = module._prepare(m, keep=False)     # the graph's own intermediates
-    run = lambda: _ffn_launches(static_in, module._t, module._weights, plans, scratch)
+    run = lambda: module._launches(static_in, module._t, module._weights, plans,
+                                   scratch)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

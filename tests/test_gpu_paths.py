@@ -93,38 +93,69 @@ def test_a_launch_on_a_gpu_plans_with_its_sms_and_its_tile_table(fake_gpu, tmp_p
     assert ada["num_sms"] == 58
 
 
-def test_a_gpu_without_fp8_tensor_cores_is_refused_in_one_line(fake_gpu, monkeypatch,
-                                                                capsys):
-    """An A100: the kernels, the module, fused_ffn_block, the GPU check and the
-    benchmark each refuse it in one line naming it, its capability and what is needed,
-    before Triton would stop on the e4m3 type."""
-    fake_gpu.update(A100)
-    what = r"NVIDIA A100-SXM4-80GB \(cuda:0\) has compute capability 8\.0; these kernels " \
-           r"need FP8 tensor cores, compute capability 8\.9 or more"
-    with pytest.raises(RuntimeError, match=what) as e:
-        kernels.device_arch(CUDA0)
+def test_each_compute_capability_has_its_family():
+    """Chapter 7's `arch_family`: the W8A16 families below 8.9, FP8 `mma.sync` for Ada
+    and the RTX 50xx, Hopper's tiles for Hopper and the B200; below 7.5 one line."""
+    families = {(7, 5): 75, (8, 0): 80, (8, 6): 86, (8, 7): 86, (8, 9): 89, (9, 0): 90,
+                (10, 0): 100, (12, 0): 120, (12, 1): 120}
+    assert {cap: kernels.arch_family(cap) for cap in families} == families
+    for family in set(families.values()):
+        assert family in kernels.ARCH_TILES and family in kernels.SM_SHARED
+    with pytest.raises(RuntimeError, match=r"compute capability 7\.0: these kernels "
+                       r"need 7\.5 or more") as e:
+        kernels.arch_family((7, 0))
     assert "\n" not in str(e.value)
+
+
+T4 = {"name": "Tesla T4", "capability": (7, 5), "sms": 40}
+V100 = {"name": "Tesla V100-SXM2-16GB", "capability": (7, 0), "sms": 80}
+
+
+def test_a_gpu_without_e4m3_gets_the_w8a16_path_and_clear_refusals(fake_gpu, monkeypatch,
+                                                                   capsys):
+    """An A100 and a T4: the module picks W8A16 (bf16 on the A100, fp16 on the T4), its
+    plans use the family's table and SM count; the FP8 kernels, the GPU check and the
+    benchmark each refuse in one line naming the GPU and what they need. A V100 (7.0)
+    is refused by everything in one line."""
+    fake_gpu.update(A100)
+    assert kernels.device_arch(CUDA0) == 80
+    assert FU._choose_mode(CUDA0) == ("w8a16", torch.bfloat16)
+    with pytest.raises(RuntimeError, match="mode: 'w8a8' needs an e4m3 type"):
+        FU._choose_mode(CUDA0, "w8a8")
+    plan = kernels._w8a16_plan_for("down", 1, 7168, 18432, CUDA0)
+    assert (plan["arch"], plan["num_sms"]) == (80, 108)
     with FakeTensorMode():                  # CUDA tensors without a GPU: no data
         x = torch.empty(4, 256, dtype=torch.bfloat16, device="cuda")
-        gain = torch.ones(256, dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(RuntimeError, match=what):
-        kernels._check_tensor("x", x, torch.bfloat16)
-    block = random_dense_block(256, 640)
-    block.post_attention_layernorm.weight = torch.nn.Parameter(gain, requires_grad=False)
-    for build in (lambda: FusedFp8DenseMLP(block), lambda: fused_ffn_block(x, block)):
-        with pytest.raises(RuntimeError, match=what):
-            build()
+    kernels._check_tensor("x", x, torch.bfloat16)            # the W8A16 kernels take it
+    with pytest.raises(RuntimeError, match=r"x: cuda:0 has no e4m3 type \(compute "
+                       r"capability below 8\.9\)") as e:
+        kernels.act_quant(x)
+    assert "\n" not in str(e.value)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     for main, name in ((gpu_check.gpucheck_main, "gpucheck"), (harness.main, "bench")):
         assert main([]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"{name}: NVIDIA A100") and err.count("\n") == 1, err
-    with pytest.raises(RuntimeError, match=what):
-        harness.bench()
+        assert "compute capability 8.0 and no e4m3 type" in err
     assert measure.gpu_refusal(CUDA0).startswith("NVIDIA A100")
+    fake_gpu.update(T4)
+    _clear_device_caches()
+    assert FU._choose_mode(CUDA0) == ("w8a16", torch.float16)
+    with pytest.raises(RuntimeError, match="act_dtype: torch.bfloat16 needs bf16"):
+        FU._choose_mode(CUDA0, "w8a16", torch.bfloat16)
+    assert kernels._w8a16_plan_for("gate_up", 1, 18432, 7168, CUDA0)["arch"] == 75
+    fake_gpu.update(V100)
+    _clear_device_caches()
+    what = r"Tesla V100-SXM2-16GB \(cuda:0\): compute capability 7\.0: these kernels"
+    with pytest.raises(RuntimeError, match=what):
+        kernels.device_arch(CUDA0)
+    with pytest.raises(RuntimeError, match=what):
+        FU._choose_mode(CUDA0)
+    assert measure.gpu_refusal(CUDA0).startswith("Tesla V100")
     fake_gpu.update(H200)
     _clear_device_caches()
     assert measure.gpu_refusal(CUDA0) is None
+    assert FU._choose_mode(CUDA0) == ("w8a8", None)
 
 
 def test_the_probe_reads_one_rounding_or_two():
