@@ -100,23 +100,23 @@ def book_mode() -> BookMode:
     )
 
 # %% ../book/appendix_c_measuring.ipynb #0817cb6b
-def gpu_refusal(device: torch.device) -> str | None:
-    """None when the FP8 kernels can run compiled on `device`, else a one-line reason:
-    chapter 7's for a GPU below compute capability 7.5, and for one without an e4m3 type
-    (below 8.9), which runs only the W8A16 kernels, that the FP8 (W8A8) kernels these
-    tools check, time and tune cannot run there. Imports the kernels."""
+def gpu_refusal(device: torch.device, fp8: bool = True) -> str | None:
+    """None when the kernels can run compiled on `device`, else a one-line reason:
+    chapter 7's for a GPU below compute capability 7.5, and with `fp8` for one without
+    an e4m3 type (below 8.9), which runs only the W8A16 kernels, that the FP8 (W8A8)
+    kernels these tools check, time and tune cannot run there. Imports the kernels."""
     from kimi_mlp import kernels
     try:
         arch = kernels.device_arch(device)
     except RuntimeError as e:
         return str(e)
-    if arch in kernels.W8A16_ARCHS:
+    if fp8 and arch in kernels.W8A16_ARCHS:
         name = torch.cuda.get_device_name(device)
         cap = torch.cuda.get_device_capability(device)
         return (f"{name} ({device}) has compute capability {cap[0]}.{cap[1]} and no "
-                "e4m3 type: it runs the W8A16 kernels (FusedFp8DenseMLP picks them), "
-                "not the FP8 kernels that this checks, times and tunes (compute "
-                "capability 8.9 or more)")
+                "e4m3 type: it runs the W8A16 kernels (FusedFp8DenseMLP picks them; "
+                "`bench` checks and times them), not the FP8 kernels that this "
+                "checks, times and tunes (compute capability 8.9 or more)")
     return None
 
 

@@ -132,12 +132,17 @@ def test_a_gpu_without_e4m3_gets_the_w8a16_path_and_clear_refusals(fake_gpu, mon
         kernels.act_quant(x)
     assert "\n" not in str(e.value)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    for main, name in ((gpu_check.gpucheck_main, "gpucheck"), (harness.main, "bench")):
-        assert main([]) == 2
+    for main, name, argv in ((gpu_check.gpucheck_main, "gpucheck", []),
+                             (harness.main, "bench", ["--path", "w8a8"])):
+        assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"{name}: NVIDIA A100") and err.count("\n") == 1, err
         assert "compute capability 8.0 and no e4m3 type" in err
     assert measure.gpu_refusal(CUDA0).startswith("NVIDIA A100")
+    assert measure.gpu_refusal(CUDA0, fp8=False) is None      # the W8A16 sweep runs
+    assert harness._bench_path("auto", CUDA0) == "w8a16"
+    with pytest.raises(RuntimeError, match="mode: 'w8a8' needs an e4m3 type"):
+        harness._bench_path("w8a8", CUDA0)
     fake_gpu.update(T4)
     _clear_device_caches()
     assert FU._choose_mode(CUDA0) == ("w8a16", torch.float16)

@@ -127,3 +127,24 @@ def test_w8a16_wrappers_refuse_bad_input(block):
         FusedFp8DenseMLP(block, mode="fp8")
     with pytest.raises(ValueError, match="act_dtype: expected None with mode 'w8a8'"):
         FusedFp8DenseMLP(block, mode="w8a8", act_dtype=torch.float16)
+
+
+def test_the_benchmark_runs_the_w8a16_path():
+    """Appendix E's sweep with path "w8a16" (the smoke run: interpreter, no timings):
+    the fused module and the unfused W8A16 pipeline are held to chapter 7's bound on
+    the output against w8a16, the record says which launches ran, and the launches
+    timed one by one are the W8A16 ones."""
+    from kimi_mlp import harness
+    r = harness.bench(ms=(3,), cpu_smoke=True, path="w8a16", log=lambda *a: None)
+    assert r["settings"]["path"] == "w8a16"
+    assert (r["providers"]["fused"]["path"], r["providers"]["fused"]["w8a16"]) == \
+        ("w8a16", "bf16")
+    rows = {row["provider"]: row for row in r["results"]}
+    for name in ("fused", "unfused_w8a16"):
+        assert rows[name]["ok"] and rows[name]["rel_bound"] == 2.0**-7
+        assert rows[name]["rel_err_out"] <= 2.0**-7
+    assert [x["launch"] for x in r["launches"]] == [
+        "rmsnorm_act", "w8a16_gate_up_swiglu", "w8a16_down_residual"]
+    assert r["kernel_choices"]["3"]["gate_up"]["arch"] == 80
+    with pytest.raises(ValueError, match="path: expected 'auto', 'w8a8' or 'w8a16'"):
+        harness.bench(ms=(1,), cpu_smoke=True, path="fp8", log=lambda *a: None)
