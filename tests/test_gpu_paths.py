@@ -511,18 +511,22 @@ def test_a_report_on_a_gpu_gives_a_notebook_what_is_left_of_its_budget(fake_gpu,
     ("check-prefill", "--steps gpucheck --m 128,512,1024,4096"),
     ("bench", "--steps bench --budget-s 350"),
     ("ch9", "--steps notebooks --notebooks 09_benchmarks.ipynb --budget-s 410"),
+    ("bench-w8a16", None),
 ])
 def test_the_gpu_day_steps_call_the_report(tmp_path, step, expected):
     """tools/gpu_day.sh, with `echo` standing in for Python: each step is one gpu-report
-    call into OUT, under the time limit, with its budget below it."""
+    call into OUT (the W8A16 sweep: the benchmark itself), under the time limit, with
+    its budget below it."""
     root = tiles._package_dir().parent
     env = {"PATH": "/usr/bin:/bin", "PYTHON": "echo", "GIT_COMMIT": "abc"}
     res = subprocess.run(["bash", str(root / "tools" / "gpu_day.sh"), step,
                           str(tmp_path / "out")], capture_output=True, text=True,
                          env=env)
     assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == (f"-m kimi_mlp gpu-report --out {tmp_path / 'out'} "
-                                  f"--git-commit abc {expected}")
+    want = (f"-m kimi_mlp gpu-report --out {tmp_path / 'out'} --git-commit abc {expected}"
+            if expected else f"-m kimi_mlp bench --path w8a16 --out {tmp_path / 'out'} "
+            "--git-commit abc --budget-s 350")
+    assert res.stdout.strip() == want
     bad = subprocess.run(["bash", str(root / "tools" / "gpu_day.sh"), "warm",
                           str(tmp_path / "out")], capture_output=True, text=True, env=env)
     assert bad.returncode == 2 and "unknown step 'warm'" in bad.stderr

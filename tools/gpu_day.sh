@@ -12,8 +12,9 @@
 #   check-decode    the GPU check at M = 1, 3, 16, 33 (real shapes, compiled kernels)
 #   check-prefill   the GPU check at M = 128, 512, 1024, 4096
 #   bench           the benchmark sweep, M = 1 ... 8192 while the time lasts
+#   bench-w8a16     the same sweep on chapter 7's W8A16 path (on an FP8 GPU: W8A16 there)
 #   ch7 | ch8 | ch9 one chapter executed on the GPU
-# In this order on one GPU: check-decode, check-prefill, bench, ch7, ch8, ch9.
+# In this order on one GPU: check-decode, check-prefill, bench, ch7, ch8, ch9, bench-w8a16.
 #
 # Compiled kernels go to TRITON_CACHE_DIR, by default .triton-cache/ in the tree (ignored by
 # git), so a later step on the same machine reuses what an earlier one compiled; fused
@@ -47,6 +48,9 @@ case "$step" in
     check-decode)  report --steps gpucheck --m 1,3,16,33 ;;
     check-prefill) report --steps gpucheck --m 128,512,1024,4096 ;;
     bench)         report --steps bench --budget-s $((limit - 120)) ;;
+    bench-w8a16)   timeout --foreground --signal=INT --kill-after=15 "$limit" \
+                       "$py" -m kimi_mlp bench --path w8a16 --out "$out" \
+                       --git-commit "$commit" --budget-s $((limit - 120)) ;;
     ch7)           report --steps notebooks --notebooks 07_kernels.ipynb --budget-s $((limit - 60)) ;;
     ch8)           report --steps notebooks --notebooks 08_fused_mlp.ipynb --budget-s $((limit - 60)) ;;
     ch9)           report --steps notebooks --notebooks 09_benchmarks.ipynb --budget-s $((limit - 60)) ;;
