@@ -1311,12 +1311,15 @@ def _bits(t):
 
 
 def _w8a16_plan_for(kind, m, n, k, device, split_k=None, num_sms=None):
-    """The cached plan of a W8A16 launch on `device`: its family's tiles on Turing and
-    Ampere; on a GPU with e4m3 (which runs sm_80 code too) and in the interpreter,
-    the A100's, with the device's SM count."""
+    """The cached plan of a W8A16 launch on `device`: its family's tiles (or the
+    GPU's measured table) on Turing and Ampere; on a GPU with e4m3 (which runs sm_80
+    code too) and in the interpreter, the A100's, with the device's SM count."""
     arch = device_arch(device)
     sms = num_sms if num_sms is not None else device_sms(device)
-    return _plan(kind, m, n, k, sms, split_k, None, arch if arch in W8A16_ARCHS else 80)
+    if arch not in W8A16_ARCHS:
+        return _plan(kind, m, n, k, sms, split_k, None, 80)
+    index = _cuda_index(device) if device.type == "cuda" else None
+    return _plan(kind, m, n, k, sms, split_k, index, arch)
 
 
 def _w8a16_meta(plan: dict) -> dict:

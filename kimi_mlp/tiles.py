@@ -25,7 +25,8 @@ TILES_SCHEMA, TILES_ENV = "kimi-mlp-tiles/1", "KIMI_MLP_TILES"
 _TILE_FIELDS = {
     "SWAP": (lambda v: isinstance(v, bool), "true or false"),
     "BLOCK_M": (lambda v: v in (16, 32, 64, 128), "16, 32, 64 or 128"),
-    "BLOCK_N": (lambda v: v == 128, "128 (one weight block)"),
+    "BLOCK_N": (lambda v: v in (32, 64, 128), "32, 64 or 128 (a weight block or part)"),
+    "SUB_K": (lambda v: v in (16, 32, 64, 128), "16, 32, 64 or 128 (W8A16 only)"),
     "GROUP_M": (lambda v: _is_int(v) and v >= 1, "a positive int"),
     "TMA_A": (lambda v: isinstance(v, bool), "true or false"),
     "num_warps": (lambda v: v in (4, 8), "4 or 8"),
@@ -33,7 +34,7 @@ _TILE_FIELDS = {
     "regs": (lambda v: _is_int(v) and 1 <= v <= 255, "an int in [1, 255]"),
     "split_k": (lambda v: _is_int(v) and v >= 1, "a positive int"),
 }
-_OPTIONAL_TILE_FIELDS = ("split_k",)
+_OPTIONAL_TILE_FIELDS = ("split_k", "SUB_K")
 
 
 def _is_int(v) -> bool:

@@ -44,6 +44,10 @@ def tile_candidates(kind: str, bound, arch: int = 90) -> list[dict]:
              dict(num_stages=max(2, stages - 1)),
              *([dict(TMA_A=not base["TMA_A"])] if hopper else []),
              dict(BLOCK_M=min(bm * 2, high)), dict(BLOCK_M=max(bm // 2, low))]
+    if "SUB_K" in base:          # W8A16: the weight rows and the K slices too
+        bn, sub = base["BLOCK_N"], base["SUB_K"]
+        steps += [dict(BLOCK_N=192 - bn if bn in (64, 128) else 64),
+                  dict(SUB_K=min(sub * 2, 128)), dict(SUB_K=max(sub // 2, 16))]
     decode = base["SWAP"] or (bound is not None and bound <= 32)
     splits = [dict(split_k=s) for s in (1, 2, 4, 8, 16)] if decode else []
     out = []
@@ -54,10 +58,12 @@ def tile_candidates(kind: str, bound, arch: int = 90) -> list[dict]:
     return out
 
 # %% ../book/appendix_e_harness.ipynb #dcf54b61
-def _tune_operands(kind: str, m: int, n: int, k: int, device) -> tuple:
-    "Random operands of one GEMM: x [m, k] e4m3 and scales, one or two weights [n, k]."
+def _tune_operands(kind: str, m: int, n: int, k: int, device, dtype=None) -> tuple:
+    """Random operands of one GEMM: x [m, k] e4m3 and scales (or, for W8A16, x in
+    `dtype`), one or two weights [n, k]."""
     gen = torch.Generator(device=device).manual_seed(m * 7 + n)
-    x = quantize_activation(torch.randn(m, k, generator=gen, device=device))
+    x = torch.randn(m, k, generator=gen, device=device)
+    x = quantize_activation(x) if dtype is None else x.to(dtype)
     ws = [quantize_weight_blockwise(torch.randn(n, k, generator=gen, device=device)
                                     * k ** -0.5)
           for _ in range(2 if kind == "gate_up" else 1)]
@@ -68,6 +74,8 @@ def _tune_launch(kind: str, x, ws, row: dict, sms: int, arch: int = 90):
     """A zero-argument call that launches one GEMM with tile row `row` (its `split_k`,
     if any, forced), and the output it writes: bf16 [m, n], or the gated product's e4m3
     codes and scales."""
+    if arch in kernels.W8A16_ARCHS:
+        return _tune_w8a16_launch(kind, x, ws, row, sms, arch)
     (a, a_s), (m, k), n = x, x[0].shape, ws[0][0].shape[0]
     table = {("gate_up" if kind == "gate_up" else "gemm", n, k): ((None, row),)}
     plan = kernels._with_meta(kernels.plan_gemm(kind, m, n, k, sms, row.get("split_k"),
@@ -84,10 +92,24 @@ def _tune_launch(kind: str, x, ws, row: dict, sms: int, arch: int = 90):
     return (lambda: kernels._launch_gemm(a, a_s, weights[0], ws[0][1], out, None, plan),
             (out,))
 
+
+def _tune_w8a16_launch(kind: str, x, ws, row: dict, sms: int, arch: int):
+    "`_tune_launch` for chapter 7's W8A16 kernels: x bf16 or fp16, weights as bytes."
+    (m, k), n = x.shape, ws[0][0].shape[0]
+    table = {("gate_up" if kind == "gate_up" else "gemm", n, k): ((None, row),)}
+    plan = kernels.plan_gemm(kind, m, n, k, sms, row.get("split_k"), tiles=table,
+                             arch=arch)
+    (w, s), *up = [(w.view(torch.uint8), s) for w, s in ws]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if kind == "gate_up":
+        run = lambda: kernels._launch_w8a16_gate_up(x, w, s, *up[0], out, plan)
+        return run, (out,)
+    return (lambda: kernels._launch_w8a16_gemm(x, w, s, out, None, plan)), (out,)
+
 # %% ../book/appendix_e_harness.ipynb #b57daf0b
 def _tune_error(kind: str, got: tuple, ref: tuple) -> tuple[float, float]:
     "A candidate's output against the first candidate's: (relative error, bound)."
-    if kind == "gate_up":
+    if kind == "gate_up" and len(got) == 2:               # e4m3 codes and scales
         deq = lambda q, s: q.float() * s.repeat_interleave(128, dim=1)[:, :q.shape[1]]
         return relative_error(deq(*got), deq(*ref)), 2.0 ** -4
     return relative_error(got[0], ref[0]), 1e-2
@@ -101,7 +123,9 @@ def tune_bucket(kind: str, bound, device, sms: int, rep_ms: int = 50,
     `median_us` of the winner and `default_us` of the table's own row."""
     n, k = n_k or TUNE_SHAPES[kind]
     m = m or TUNE_M[bound]
-    x, ws = _tune_operands(kind, m, n, k, device)
+    dtype = (None if arch not in kernels.W8A16_ARCHS    # W8A16: fp16 on Turing
+             else torch.float16 if arch == 75 else torch.bfloat16)
+    x, ws = _tune_operands(kind, m, n, k, device, dtype)
     best, ref, results = None, None, []
     for row in tile_candidates(kind, bound, arch):
         try:
@@ -158,8 +182,9 @@ def tune(budget_s: float = 300, rep_ms: int = 50, git_commit: str | None = None,
 # %% ../book/appendix_e_harness.ipynb #0134aa56
 def tune_main(argv=None) -> int:
     """`python -m kimi_mlp tune [--out FILE]`: the sweep, written where --out says
-    (default `./<device>.json`) after every bucket. 0 when written, 2 when refused (no
-    GPU, or one without FP8 tensor cores)."""
+    (default `./<device>.json`) after every bucket, of the FP8 kernels or, on a GPU
+    without e4m3, the W8A16 ones. 0 when written, 2 when refused (no GPU, or one below
+    compute capability 7.5)."""
     p = argparse.ArgumentParser(
         prog="python -m kimi_mlp tune",
         description="Time candidate tile configurations of the fused block's GEMMs on "
@@ -177,7 +202,7 @@ def tune_main(argv=None) -> int:
               "configurations on a GPU; without one the tables of chapter 7 apply.",
               file=sys.stderr)
         return 2
-    refused = gpu_refusal(torch.device("cuda"))
+    refused = gpu_refusal(torch.device("cuda"), fp8=False)
     if refused:
         print(f"tune: {refused}", file=sys.stderr)
         return 2

@@ -118,3 +118,22 @@ def test_launches_stubbed_runs_no_kernel_and_host_time_is_measured():
     assert kernels._COMPILE_ONLY_SMS is None               # restored
     with torch.no_grad():
         assert torch.isfinite(fused(h)).all()              # and the launches are back
+
+
+@pytest.mark.parametrize("arch", [80, 75])
+def test_tune_sweeps_the_w8a16_kernels_on_their_families(tmp_path, arch):
+    """On Ampere and Turing the candidates are the W8A16 tables' rows and their
+    neighbours (weight rows and K slices too), the sweep launches the W8A16 kernels
+    (bf16, or fp16 on Turing; untimed here, through the interpreter), and the winning
+    row is a valid tile file's."""
+    cands = tune.tile_candidates("gate_up", None, arch)
+    assert cands[0] == dict(kernels.ARCH_TILES[arch]["gate_up"][-1][1])
+    assert {c["SUB_K"] for c in cands} > {cands[0]["SUB_K"]}
+    assert {c["BLOCK_N"] for c in cands} == {64, 128}
+    for kind in ("gate_up", "gemm"):
+        row = tune.tune_bucket(kind, None, "cpu", 4, m=3, n_k=(128, 256), timed=False,
+                               log=lambda line: None, arch=arch)
+        assert row["candidates"] >= 5 and row["config"] in tune.tile_candidates(
+            kind, None, arch)
+        table = load_tiles(write(tmp_path / f"{kind}.json", [row]))
+        assert (kind, 128, 256) in table
