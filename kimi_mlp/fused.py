@@ -144,11 +144,12 @@ def fused_ffn_block(h: torch.Tensor, block: nn.Module) -> torch.Tensor:
 
     h: [B, T, d] or [M, d] bf16 (d = 7168 in Kimi K2) on the block's device; block: what
     `load_dense_block` returns (see `ffn_tensors`), or a `FusedFp8DenseMLP`. Returns a
-    new tensor of h's shape, bf16. Launches: `rmsnorm_quant`, then
-    `fp8_gate_up_swiglu_quant`, then `fp8_down_residual` (chapter 7). Numerics: those of
-    `Fp8DenseMLP` in mode "w8a8" (per-token 1 x 128 e4m3 activations, 128 x 128 weight
-    blocks, float32 accumulation), rounded like it: the MLP output to bf16, then `h + y`
-    to bf16. Called with a block, it checks the block on every call; a
+    new tensor of h's shape, bf16. Launches, on a GPU with e4m3 and in the interpreter:
+    `rmsnorm_quant`, then `fp8_gate_up_swiglu_quant`, then `fp8_down_residual` (chapter
+    7). Numerics: those of `Fp8DenseMLP` in mode "w8a8" (per-token 1 x 128 e4m3
+    activations, 128 x 128 weight blocks, float32 accumulation), rounded like it: the
+    MLP output to bf16, then `h + y` to bf16. On a GPU without e4m3: chapter 7's W8A16
+    launches, the numerics of mode "w8a16" (`FusedFp8DenseMLP`'s `mode`). Called with a block, it checks the block on every call; a
     `FusedFp8DenseMLP` checks it once."""
     fused = block if isinstance(block, FusedFp8DenseMLP) else FusedFp8DenseMLP(block)
     return fused(h)
@@ -234,7 +235,8 @@ def _choose_mode(device: torch.device, mode=None, act_dtype=None) -> tuple:
     """The launches for a block on `device`, as (mode, activations' dtype): "w8a8",
     the FP8 launches (dtype None), or "w8a16", chapter 7's section 6 (bf16 or fp16).
     None picks by GPU family (`kernels.device_arch`): W8A16 where there is no e4m3
-    type, in fp16 on Turing (no bf16 tensor cores) and bf16 elsewhere."""
+    type or where an `act_dtype` is given, in fp16 on Turing (whose hardware has fp16
+    and no bf16 arithmetic) and bf16 elsewhere."""
     if mode not in (None, "w8a8", "w8a16"):
         raise ValueError(f"mode: expected None, 'w8a8' or 'w8a16', got {mode!r}")
     if act_dtype not in (None, torch.bfloat16, torch.float16):
@@ -242,18 +244,17 @@ def _choose_mode(device: torch.device, mode=None, act_dtype=None) -> tuple:
                          f"got {act_dtype!r}")
     arch = kernels.device_arch(device)
     no_e4m3 = arch in kernels.W8A16_ARCHS
-    mode = mode or ("w8a16" if no_e4m3 else "w8a8")
+    mode = mode or ("w8a16" if no_e4m3 or act_dtype is not None else "w8a8")
     if mode == "w8a8" and no_e4m3:
-        raise RuntimeError(f"mode: 'w8a8' needs an e4m3 type, which {device} lacks "
-                           "(compute capability below 8.9); use 'w8a16' or None")
+        cap = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        raise RuntimeError(f"mode: 'w8a8' needs an e4m3 type (compute capability 8.9 or "
+                           f"more), which {device} (compute capability {cap}) lacks; "
+                           "use 'w8a16' or None")
     if mode == "w8a8":
         if act_dtype is not None:
             raise ValueError(f"act_dtype: expected None with mode 'w8a8' (the FP8 "
                              f"launches quantize), got {act_dtype}")
         return mode, None
-    if act_dtype == torch.bfloat16 and arch == 75:
-        raise RuntimeError(f"act_dtype: torch.bfloat16 needs bf16 tensor cores, which "
-                           f"{device} (Turing) lacks; use torch.float16 or None")
     return mode, act_dtype or (torch.float16 if arch == 75 else torch.bfloat16)
 
 

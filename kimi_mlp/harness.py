@@ -200,7 +200,7 @@ def make_providers(block, names=tuple(PROVIDERS), w_bf16: dict | None = None,
 
 # %% ../book/appendix_e_harness.ipynb #ce13b402
 BENCH_BOUNDS = {"deepgemm": 1e-3, "rel_mlp_fused": 1e-2, "rel_mlp_other": 2.0**-3,
-                "rel_out_w8a16": {"bf16": 2.0**-7, "fp16": 2.0**-6}}
+                "rel_out_w8a16": kernels.W8A16_BOUND}
 
 
 def check_output(
@@ -220,7 +220,7 @@ def check_output(
     "fp16") is held instead to chapter 7's bound on the whole output against w8a16."""
     dg = deepgemm_measure(out, ref8 if name == "torch_bf16" else ref16)
     if w8a16 is not None:   # chapter 7's section 6: the output against the reference
-        rel, bound = relative_error(out, ref16), BENCH_BOUNDS["rel_out_w8a16"][w8a16]
+        rel, bound = relative_error(out, ref16), BENCH_BOUNDS["rel_out_w8a16"]
         return {"deepgemm": dg, "rel_err_out": rel, "rel_bound": bound,
                 "ok": bool(torch.isfinite(out).all()) and dg < BENCH_BOUNDS["deepgemm"]
                 and rel <= bound}

@@ -3,10 +3,10 @@
 # %% auto #0
 __all__ = ['INTERPRETED', 'NATIVE', 'QUANT_BLOCK', 'GEMM_TILES', 'PARTIAL_BUDGET', 'MIN_STEPS', 'MAX_SPLIT', 'ADA_TILES',
            'W8A16_ARCHS', 'AMPERE_TILES', 'TURING_TILES', 'ARCH_TILES', 'SM_SHARED', 'SM_REGS', 'TMA_ARCHS',
-           'TC_ACC_BITS', 'TC_CHUNK', 'FP16_MAX', 'dequantize_blockwise_triton', 'decode_e4m3', 'act_quant',
-           'rmsnorm_quant', 'plan_gemm', 'device_sms', 'arch_family', 'device_arch', 'fp8_gemm', 'tensor_core_matmul',
-           'tensor_core_error', 'tensor_core_mlp', 'w8a16_gemm', 'fp8_gate_up_swiglu_quant', 'fp8_down_residual',
-           'rmsnorm_act', 'w8a16_gate_up_swiglu', 'fp16_bounds']
+           'TC_ACC_BITS', 'TC_CHUNK', 'W8A16_BOUND', 'FP16_MAX', 'dequantize_blockwise_triton', 'decode_e4m3',
+           'act_quant', 'rmsnorm_quant', 'plan_gemm', 'device_sms', 'arch_family', 'device_arch', 'fp8_gemm',
+           'tensor_core_matmul', 'tensor_core_error', 'tensor_core_mlp', 'w8a16_gemm', 'fp8_gate_up_swiglu_quant',
+           'fp8_down_residual', 'rmsnorm_act', 'w8a16_gate_up_swiglu', 'fp16_bounds']
 
 # %% ../book/07_kernels.ipynb #0d3698a5
 import functools
@@ -182,17 +182,18 @@ def _check_tensor(name, t, dtypes, shape=None, device=None, row_stride_ok=False)
         raise ValueError(f"{name}: expected a CUDA tensor (Triton is compiling for the "
                          f"GPU), got one on {t.device}")
     if t.device.type == "cuda":
-        device_arch(t.device)               # refuses a GPU without FP8 tensor cores
+        device_arch(t.device)               # refuses a GPU below compute capability 7.5
 
 # %% ../book/07_kernels.ipynb #94ee210c
 def _check_e4m3_gpu(name, t):
     """A tensor for a kernel that needs the e4m3 type, on a GPU without one (compute
     capability below 8.9): refused in one line, before Triton refuses the type."""
     if t.device.type == "cuda" and device_arch(t.device) in W8A16_ARCHS:
-        raise RuntimeError(f"{name}: {t.device} has no e4m3 type (compute capability "
-                           "below 8.9), which this kernel needs; the W8A16 kernels "
-                           "(w8a16_gemm, or FusedFp8DenseMLP, which picks them) run "
-                           "there")
+        cap = ".".join(map(str, torch.cuda.get_device_capability(t.device)))
+        raise RuntimeError(f"{name}: {t.device} (compute capability {cap}) has no e4m3 "
+                           "type, which this kernel needs (8.9 or more); the W8A16 "
+                           "kernels (w8a16_gemm, or FusedFp8DenseMLP, which picks them) "
+                           "run there")
 
 
 def _check_rank(name, t, rank, what):
@@ -839,7 +840,13 @@ def _tile_row(kind, m, n, k, tiles=None, arch=90):
     `tiles` has one (appendix E's `tune`), else the GPU family's (`ARCH_TILES`)."""
     kind = "gate_up" if kind == "gate_up" else "gemm"
     table = (tiles or {}).get((kind, n, k)) or ARCH_TILES[arch][kind]
-    return dict(next(row for bound, row in table if bound is None or m <= bound))
+    row = dict(next(row for bound, row in table if bound is None or m <= bound))
+    w8a16 = arch in W8A16_ARCHS
+    if ("SUB_K" in row) != w8a16:                   # a W8A16 row where FP8 runs, or back
+        raise ValueError(f"tiles: the row for {(kind, n, k)} at M = {m} does not fit the "
+                         f"{'W8A16' if w8a16 else 'FP8'} kernels of family {arch} (SUB_K "
+                         f"{'required' if w8a16 else 'not allowed'}), got {row}")
+    return row
 
 # %% ../book/07_kernels.ipynb #3b7085e2
 def _best_split(tiles, k_steps, num_sms, partial, step_bytes, weight_bytes, budget):
@@ -1219,7 +1226,8 @@ def _bf16_load(ptr, offs, mask):
 @triton.jit
 def _round_act(x, BF16: tl.constexpr):
     """fp32 -> the nearest value of the activations' type, still fp32: bf16 by integers
-    (`_round_to_bf16`), or fp16 by the conversion, whose overflow is inf, not 65504."""
+    (`_round_to_bf16`), or fp16 by the conversion, which rounds 65520 and more to inf
+    (IEEE round to nearest), never saturating."""
     if BF16:
         return _round_to_bf16(x)
     else:
@@ -1690,8 +1698,8 @@ def _launch_w8a16_gate_up(x, gate, gate_s, up, up_s, p, plan, ws=None):
     bf16, meta = x.dtype == torch.bfloat16, _w8a16_meta(plan)
     if split == 1:
         _w8a16_gate_up_kernel[(plan["tiles"], 1)](x, gate, gate_s, up, up_s, _bits(p),
-                                                  p, m, f, k, 1, SPLIT=False, BF16=bf16,
-                                                  **meta)
+                                                  _bits(p), m, f, k, 1, SPLIT=False,
+                                                  BF16=bf16, **meta)
         return p
     if ws is None:
         ws = torch.empty(split, 2, m, f, dtype=torch.float32, device=p.device)
@@ -1724,8 +1732,9 @@ def rmsnorm_act(h: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                 dtype=torch.bfloat16, *, out: torch.Tensor | None = None):
     """The W8A16 block's first launch: `rms_norm(h, weight, eps)` of [M, d] bf16 rows
     (chapter 2's order) in `dtype`, bf16 or fp16, not quantized. With a bf16 gain it
-    equals `rms_norm(h, weight, eps).to(dtype)` bit for bit; in fp16 a value beyond
-    65504 becomes inf (`_round_act`). `out`: an optional [M, d] buffer."""
+    equals `rms_norm(h, weight, eps).to(dtype)` bit for bit under the interpreter (on a
+    GPU the sum of squares runs in another order: within section 2's 2 bf16 ulps); in
+    fp16 a value of 65520 or more becomes inf. `out`: an optional [M, d] buffer."""
     m, d = _check_rmsnorm_inputs(h, weight, eps, 128)
     if dtype not in (torch.bfloat16, torch.float16):
         raise ValueError("dtype: expected torch.bfloat16 or torch.float16, "
@@ -1736,6 +1745,11 @@ def rmsnorm_act(h: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     if m:
         _launch_w8a16_norm(h, weight, eps, out)
     return out
+
+
+#: The W8A16 block's output against the reference `mode="w8a16"`, relative (the
+#: derivation is in the text): 5 bf16 unit roundoffs.
+W8A16_BOUND = 5 * 2.0**-8
 
 
 def w8a16_gate_up_swiglu(x: torch.Tensor, gate_w: torch.Tensor,
@@ -1765,17 +1779,21 @@ def fp16_bounds(norm_weight: torch.Tensor, gate: torch.Tensor, gate_scale: torch
     Cauchy-Schwarz argument), in float64: x = sqrt(d) max|gain|; g, u = x times the
     largest row norm of the dequantized weight; p = g u. Where a bound is below
     FP16_MAX that value cannot overflow in fp16. Weights are read `rows` at a time."""
+    _check_rank("norm_weight", norm_weight, 1, "[d]")
     d = norm_weight.shape[0]
+    f, gate = _check_w8a16_weight("gate", gate, "gate_scale", gate_scale, d,
+                                  norm_weight.device)
+    _, up = _check_w8a16_weight("up", up, "up_scale", up_scale, d, norm_weight.device, f)
     x = math.sqrt(d) * norm_weight.detach().abs().max().double().item()
 
-    def row_norm(w, s):
-        most, step = 0.0, max(128, rows // 128 * 128)        # whole scale blocks
-        for r0 in range(0, w.shape[0], step):
-            r1 = min(r0 + step, w.shape[0])
+    def row_norm(codes, s):                          # NaN anywhere: NaN, not dropped
+        norms, step = [], max(128, rows // 128 * 128)        # whole scale blocks
+        for r0 in range(0, codes.shape[0], step):
+            r1 = min(r0 + step, codes.shape[0])
             sc = s[r0 // 128:-(-r1 // 128)].double().repeat_interleave(128, 0)
-            block = w[r0:r1].double() * sc[:r1 - r0].repeat_interleave(128, 1)[:, :d]
-            most = max(most, block.norm(dim=1).max().item())
-        return most
+            w = codes[r0:r1].view(FP8_DTYPE).double()
+            norms.append((w * sc[:r1 - r0].repeat_interleave(128, 1)[:, :d]).norm(dim=1))
+        return torch.cat(norms).max().item()
 
     g, u = x * row_norm(gate, gate_scale), x * row_norm(up, up_scale)
     return {"x": x, "g": g, "u": u, "p": g * u}

@@ -115,8 +115,8 @@ def gpu_refusal(device: torch.device, fp8: bool = True) -> str | None:
         cap = torch.cuda.get_device_capability(device)
         return (f"{name} ({device}) has compute capability {cap[0]}.{cap[1]} and no "
                 "e4m3 type: it runs the W8A16 kernels (FusedFp8DenseMLP picks them; "
-                "`bench` checks and times them), not the FP8 kernels that this "
-                "checks, times and tunes (compute capability 8.9 or more)")
+                "`bench` and `tune` run them), not the FP8 kernels that this "
+                "needs (compute capability 8.9 or more)")
     return None
 
 
