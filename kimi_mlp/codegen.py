@@ -154,10 +154,9 @@ def compile_launches(ms=INSPECT_M, hidden_size: int = 7168,
     a process whose kernels were decorated with TRITON_INTERPRET=0 (`inspect_kernels`),
     and one target per process: Triton keeps the first target's kernels per device.
 
-    Returns one dict per variant (kernel, constexprs, integer specialization, num_warps,
-    num_stages): `shared` bytes, ptxas `registers`, `stack`, `spill_stores` and
-    `spill_loads`, `matrix` instructions, `smem_buffers`, a PTX `excerpt`, and its
-    `launches` ({workload, m, index: its place among that M's launches, grid})."""
+    Returns one dict per variant (kernel, constexprs, integer specialization, warps,
+    stages): `shared` bytes, ptxas `registers`, `stack`, `spill_stores`, `spill_loads`,
+    `matrix`, `smem_buffers`, `excerpt`, `launches` ({workload, m, index, grid})."""
     import torch
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
@@ -186,8 +185,8 @@ def compile_launches(ms=INSPECT_M, hidden_size: int = 7168,
     driver.set_active(CompileOnlyDriver(GPUTarget(HOPPER[0], arch, HOPPER[2])))
     saved = kernels._COMPILE_ONLY_SMS, kernels._COMPILE_ONLY_ARCH
     kernels._COMPILE_ONLY_SMS, kernels._COMPILE_ONLY_ARCH = sms, arch
-    if arch not in kernels.W8A16_ARCHS:      # no e4m3 type there, and no probe
-        kernels._native(torch.device("cpu"))     # its probe compiles first, unrecorded
+    if arch not in kernels.W8A16_ARCHS:      # its probe compiles first, unrecorded
+        kernels._native(torch.device("cpu"))
     JITFunction.run = compile_only
     try:
         for name in workloads:
@@ -261,8 +260,8 @@ def ptxas_path_and_flags(arch: int = 90) -> tuple[str, str, list[str]]:
     """The ptxas that Triton runs for `arch` (`get_ptxas` in
     `triton.backends.nvidia.compiler`: ptxas 12.9 below 9.0, ptxas 13 from 9.0 on, in
     triton 3.9), its release, and the options Triton passes besides -v:
-    `--regAllocOptLevel=2` where its `make_cubin` passes it (triton 3.9, to every ptxas),
-    none otherwise (triton 3.6)."""
+    `--regAllocOptLevel=2` where its `make_cubin` passes it (triton 3.9, to every
+    ptxas), none otherwise (triton 3.6)."""
     import inspect
 
     from triton.backends.nvidia.compiler import CUDABackend, get_ptxas
@@ -286,7 +285,8 @@ def run_ptxas(ptx: str, arch: int = 90) -> dict[str, dict]:
     return parse_ptxas(res.stdout + res.stderr)
 
 # %% ../book/appendix_d_codegen.ipynb #b1af5b84
-_MMA = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:wgmma\.mma_async|mma\.sync|tcgen05\.mma)\S*)")
+_MMA = re.compile(r"^\s*(?:@!?%p\d+\s+)?"              # a predicate, then the opcode
+                  r"((?:wgmma\.mma_async|mma\.sync|tcgen05\.mma)\S*)")
 _SHAPE = re.compile(r"\.(m\d+n\d+k\d+)\.")
 _WAIT = re.compile(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)")
 _FP8_TO_F16 = "cvt.rn.f16x2.e4m3x2"
@@ -308,7 +308,8 @@ def _operand_type(opcode: str) -> str:
 
 def matrix_instructions(ptx: str) -> dict:
     """The tensor-core instructions of a PTX listing, a dict: "kind" ("wgmma",
-    "mma.sync", "tcgen05" (Blackwell's, shape "" here) or None), "ops" ([{"opcode", "shape", "a_type", "count"}]), "fp8_to_f16"
+    "mma.sync", "tcgen05" (Blackwell's, shape "" here) or None), "ops" ([{"opcode",
+    "shape", "a_type", "count"}]), "fp8_to_f16"
     (the number of `cvt.rn.f16x2.e4m3x2`), "cvt_first" (one comes before the first
     matrix instruction), "wgmma_waits" (the distinct N of `wgmma.wait_group N`),
     "first_line" (the first matrix instruction's index in ptx's lines, or None) and
