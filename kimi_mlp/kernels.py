@@ -831,7 +831,9 @@ TURING_TILES = {
 #: `tcgen05.mma`, its accumulators in tensor memory) except three that spill for
 #: sm_100a (triton 3.9, appendix D): the gated kernel at M 17 to 32 and the down GEMM
 #: at 33 to 64 get 8 warps, the gated kernel above 256 tokens 64-row tiles. `regs`:
-#: the most ptxas gives the block's launches for sm_100a.
+#: the most triton 3.9's ptxas gives the block's launches for sm_100a (under triton
+#: 3.6 the gated kernel at M 33 to 64 still spills 8 bytes a thread). No B200 has
+#: run them.
 BLACKWELL_TILES = {
     "gemm": ((16, _tiles(True, 16, 4, 6, 106)),
              (32, _tiles(True, 32, 4, 6, 248)),
