@@ -21,18 +21,23 @@ INSPECT_M = (1, 4, 16, 32, 64, 128, 1024, 4096)
 HOPPER = ("cuda", 90, 32)
 #: SMs of an H100 SXM or an H200: what `plan_gemm` plans the launches for.
 H200_SMS = 132
-#: The most shared memory one thread block may use: 227 KB on compute capability 9.0,
-#: 99 KB on 8.9 (CUDA C++ Programming Guide, "Technical Specifications per Compute
-#: Capability"). Keyed by the family chapter 7 plans for.
-SHARED_MEM_LIMITS = {90: 227 * 1024, 89: 99 * 1024}
+#: The most shared memory one thread block may use (opt-in), per GPU family chapter 7
+#: plans for: 227 KB on 9.0 and 10.0, 163 KB on 8.0, 99 KB on 8.6, 8.9 and 12.0, 64 KB
+#: on 7.5 (CUDA C++ Programming Guide, "Technical Specifications per Compute
+#: Capability").
+SHARED_MEM_LIMITS = {90: 227 * 1024, 100: 227 * 1024, 80: 163 * 1024, 86: 99 * 1024,
+                     89: 99 * 1024, 120: 99 * 1024, 75: 64 * 1024}
 SHARED_MEM_LIMIT = SHARED_MEM_LIMITS[90]
 #: The targets `inspect` compiles for, with the SM count split-K plans for by default:
-#: an H200 (or H100 SXM) for sm_90a, an L4 for sm_89.
-TARGETS = {"sm_90a": (90, H200_SMS), "sm_89": (89, 58)}
+#: a T4, an A100, an A10G, an L4, an H200 (or H100 SXM), a B200, an RTX 5090.
+TARGETS = {"sm_75": (75, 40), "sm_80": (80, 108), "sm_86": (86, 80), "sm_89": (89, 58),
+           "sm_90a": (90, H200_SMS), "sm_100": (100, 148), "sm_120": (120, 170)}
 
 
 def target_name(arch: int) -> str:
-    "The `ptxas` name of a GPU family: sm_90a (Hopper's wgmma needs the 'a'), sm_89."
+    """The `ptxas` name of a GPU family, as Triton writes it in the PTX's `.target`:
+    with an 'a' from 9.0 on (sm_90a, sm_100a, sm_120a: wgmma and tcgen05 need it),
+    without one before (sm_75, sm_80, sm_86, sm_89)."""
     return f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
 
 # %% auto #0
@@ -149,10 +154,9 @@ def compile_launches(ms=INSPECT_M, hidden_size: int = 7168,
     a process whose kernels were decorated with TRITON_INTERPRET=0 (`inspect_kernels`),
     and one target per process: Triton keeps the first target's kernels per device.
 
-    Returns one dict per variant (kernel, constexprs, integer specialization, num_warps,
-    num_stages): `shared` bytes, ptxas `registers`, `stack`, `spill_stores` and
-    `spill_loads`, `matrix` instructions, `smem_buffers`, a PTX `excerpt`, and its
-    `launches` ({workload, m, index: its place among that M's launches, grid})."""
+    Returns one dict per variant (kernel, constexprs, integer specialization, warps,
+    stages): `shared` bytes, ptxas `registers`, `stack`, `spill_stores`, `spill_loads`,
+    `matrix`, `smem_buffers`, `excerpt`, `launches` ({workload, m, index, grid})."""
     import torch
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
@@ -181,7 +185,8 @@ def compile_launches(ms=INSPECT_M, hidden_size: int = 7168,
     driver.set_active(CompileOnlyDriver(GPUTarget(HOPPER[0], arch, HOPPER[2])))
     saved = kernels._COMPILE_ONLY_SMS, kernels._COMPILE_ONLY_ARCH
     kernels._COMPILE_ONLY_SMS, kernels._COMPILE_ONLY_ARCH = sms, arch
-    kernels._native(torch.device("cpu"))     # its probe compiles first, unrecorded
+    if arch not in kernels.W8A16_ARCHS:      # its probe compiles first, unrecorded
+        kernels._native(torch.device("cpu"))
     JITFunction.run = compile_only
     try:
         for name in workloads:
@@ -253,13 +258,16 @@ def parse_ptxas(log: str) -> dict[str, dict]:
 
 def ptxas_path_and_flags(arch: int = 90) -> tuple[str, str, list[str]]:
     """The ptxas that Triton runs for `arch` (`get_ptxas` in
-    `triton.backends.nvidia.compiler`), its release, and the options Triton passes
-    besides -v: `--regAllocOptLevel=2` with ptxas 13 and later (triton 3.9's
-    `make_cubin`), none before."""
-    from triton.backends.nvidia.compiler import get_ptxas
+    `triton.backends.nvidia.compiler`: ptxas 12.9 below 9.0, ptxas 13 from 9.0 on, in
+    triton 3.9), its release, and the options Triton passes besides -v:
+    `--regAllocOptLevel=2` where its `make_cubin` passes it (triton 3.9, to every
+    ptxas), none otherwise (triton 3.6)."""
+    import inspect
+
+    from triton.backends.nvidia.compiler import CUDABackend, get_ptxas
     tool = get_ptxas(arch)
-    flags = ["--regAllocOptLevel=2"] if int(tool.version.split(".")[0]) >= 13 else []
-    return tool.path, tool.version, flags
+    passed = "--regAllocOptLevel=2" in inspect.getsource(CUDABackend.make_cubin)
+    return tool.path, tool.version, ["--regAllocOptLevel=2"] if passed else []
 
 
 def run_ptxas(ptx: str, arch: int = 90) -> dict[str, dict]:
@@ -277,7 +285,8 @@ def run_ptxas(ptx: str, arch: int = 90) -> dict[str, dict]:
     return parse_ptxas(res.stdout + res.stderr)
 
 # %% ../book/appendix_d_codegen.ipynb #b1af5b84
-_MMA = re.compile(r"^\s*(wgmma\.mma_async|mma\.sync)\S*")
+_MMA = re.compile(r"^\s*(?:@!?%p\d+\s+)?"              # a predicate, then the opcode
+                  r"((?:wgmma\.mma_async|mma\.sync|tcgen05\.mma)\S*)")
 _SHAPE = re.compile(r"\.(m\d+n\d+k\d+)\.")
 _WAIT = re.compile(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)")
 _FP8_TO_F16 = "cvt.rn.f16x2.e4m3x2"
@@ -287,7 +296,11 @@ CONVERSIONS = ("cvt.rn.satfinite.e4m3x2.f32", "cvt.rn.bf16x2.f32", "cvt.rn.bf16.
 
 
 def _operand_type(opcode: str) -> str:
-    "The A operand's type in a wgmma or mma.sync opcode: the shape, then D, A, B types."
+    """The A operand's type in a wgmma or mma.sync opcode (the shape, then D, A, B
+    types); tcgen05's `kind` ("f8f6f4": 8-, 6- and 4-bit floats), whose types and shape
+    are in a run-time descriptor, not in the opcode."""
+    if opcode.startswith("tcgen05"):
+        return opcode.split("kind::")[1].split(".")[0]
     parts = opcode.split(".")
     after = parts[parts.index(_SHAPE.search(opcode).group(1)) + 1:]
     return [p for p in after if p not in ("row", "col", "satfinite")][1]
@@ -295,7 +308,8 @@ def _operand_type(opcode: str) -> str:
 
 def matrix_instructions(ptx: str) -> dict:
     """The tensor-core instructions of a PTX listing, a dict: "kind" ("wgmma",
-    "mma.sync" or None), "ops" ([{"opcode", "shape", "a_type", "count"}]), "fp8_to_f16"
+    "mma.sync", "tcgen05" (Blackwell's, shape "" here) or None), "ops" ([{"opcode",
+    "shape", "a_type", "count"}]), "fp8_to_f16"
     (the number of `cvt.rn.f16x2.e4m3x2`), "cvt_first" (one comes before the first
     matrix instruction), "wgmma_waits" (the distinct N of `wgmma.wait_group N`),
     "first_line" (the first matrix instruction's index in ptx's lines, or None) and
@@ -303,16 +317,17 @@ def matrix_instructions(ptx: str) -> dict:
     lines = ptx.splitlines()
     counts, first = {}, None
     for i, line in enumerate(lines):
-        if _MMA.match(line):
-            opcode = line.split()[0]
+        if m := _MMA.match(line):
+            opcode = m.group(1)
             counts[opcode] = counts.get(opcode, 0) + 1
             first = i if first is None else first
-    ops = [{"opcode": op, "shape": _SHAPE.search(op).group(1),
+    ops = [{"opcode": op, "shape": s.group(1) if (s := _SHAPE.search(op)) else "",
             "a_type": _operand_type(op), "count": n}
            for op, n in sorted(counts.items())]
     opcodes = {op["opcode"].split(".")[0] for op in ops}
     cvt = [i for i, line in enumerate(lines) if _FP8_TO_F16 in line]
-    return {"kind": "wgmma" if "wgmma" in opcodes else "mma.sync" if opcodes else None,
+    kind = next((k for k in ("wgmma", "tcgen05") if k in opcodes), None)
+    return {"kind": kind or ("mma.sync" if opcodes else None),
             "ops": ops, "fp8_to_f16": len(cvt),
             "cvt_first": bool(cvt) and first is not None and cvt[0] < first,
             "wgmma_waits": sorted({int(n) for n in _WAIT.findall(ptx)}),
@@ -385,7 +400,8 @@ def _worker(argv=None) -> int:
     report = {"schema": "kimi-mlp-codegen/1", "triton": triton.__version__,
               "ptxas": ptxas_version, "ptxas_flags": flags,
               "target": target_name(arch), "arch": arch, "sms": sms,
-              "native_e4m3": kernels._e4m3_rounds_once(target), "hidden_size": d,
+              "native_e4m3": None if arch in kernels.W8A16_ARCHS
+              else kernels._e4m3_rounds_once(target), "hidden_size": d,
               "intermediate_size": f, "workloads": workloads, "ms": ms,
               "variants": variants}
     Path(a.out).write_text(json.dumps(report, indent=1))
@@ -402,10 +418,11 @@ def inspect_kernels(ms=INSPECT_M, hidden_size: int = 7168,
                     timeout: float = 1800, arch: int = 90,
                     workloads=("block",)) -> dict:
     """Compile every kernel variant `fused_ffn_block` launches at each M of `ms` for
-    `target_name(arch)` (90: sm_90a, 89: sm_89), in a fresh Python process with
-    TRITON_INTERPRET=0, and return the report: `triton`, `ptxas` (release) and
-    `ptxas_flags`, `target`, `arch`, `sms`, `native_e4m3` (whether the compiler's
-    e4m3 conversion for it rounds once, chapter 7's `_native`), the shapes, `ms`, and
+    `target_name(arch)` (a family of SHARED_MEM_LIMITS: 90 is sm_90a, 89 sm_89), in a
+    fresh Python process with TRITON_INTERPRET=0, and return the report: `triton`,
+    `ptxas` (release) and `ptxas_flags`, `target`, `arch`, `sms`, `native_e4m3`
+    (whether the compiler's e4m3 conversion for it rounds once, chapter 7's `_native`;
+    None for the W8A16 families, which have no e4m3 type), the shapes, `ms`, and
     `variants` as `compile_launches` returns them. Reads nothing from a GPU and needs
     none; `sms` is the SM count split-K plans for (132: H100 SXM, H200); `workloads`:
     names in WORKLOADS, each at its own token counts when `ms` is None."""
@@ -457,7 +474,7 @@ def matrix_summary(matrix: dict) -> str:
     if matrix["kind"] is None:
         return "-"
     ops = [op for op in matrix["ops"] if op["opcode"].startswith(matrix["kind"])]
-    shapes = " ".join(sorted({f"{op['shape']} {op['a_type']}" for op in ops}))
+    shapes = " ".join(sorted({f"{op['shape']} {op['a_type']}".strip() for op in ops}))
     cvt = "<-e4m3" if matrix["fp8_to_f16"] and matrix["cvt_first"] else ""
     return f"{matrix['kind']} {shapes}{cvt}"
 
@@ -534,11 +551,11 @@ def main(argv=None) -> int:
     exit status."""
     p = argparse.ArgumentParser(
         prog="python -m kimi_mlp inspect",
-        description="Compile the fused FFN block's Triton kernels for Hopper "
-                    "(sm_90a) or Ada (sm_89), no GPU needed, and print what the "
-                    "compiler made of it.")
+        description="Compile the fused FFN block's Triton kernels for a GPU family "
+                    "(Turing sm_75 to Blackwell sm_100 and sm_120), no GPU needed, and "
+                    "print what the compiler made of it.")
     p.add_argument("--arch", choices=tuple(TARGETS), default="sm_90a",
-                   help="the target (default sm_90a)")
+                   help="the target (default sm_90a; ptxas gets sm_100a, sm_120a)")
     p.add_argument("--workload", type=_workloads, default=("block",),
                    help="what to compile, comma-separated from "
                         f"{','.join(WORKLOADS)} (default block)")
@@ -549,8 +566,8 @@ def main(argv=None) -> int:
     p.add_argument("--excerpts", action="store_true",
                    help="print the PTX around each variant's first matrix instruction")
     p.add_argument("--sms", type=int, default=None,
-                   help=f"SM count split-K plans for (default {H200_SMS}, an H200, for "
-                        "sm_90a; 58, an L4, for sm_89)")
+                   help=f"SM count split-K plans for (default: the target's in "
+                        f"TARGETS, {H200_SMS} for sm_90a, an H200)")
     p.add_argument("--hidden-size", type=int, default=7168)
     p.add_argument("--intermediate-size", type=int, default=18432)
     a = p.parse_args(argv)

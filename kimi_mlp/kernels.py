@@ -2,11 +2,11 @@
 
 # %% auto #0
 __all__ = ['INTERPRETED', 'NATIVE', 'QUANT_BLOCK', 'GEMM_TILES', 'PARTIAL_BUDGET', 'MIN_STEPS', 'MAX_SPLIT', 'ADA_TILES',
-           'W8A16_ARCHS', 'AMPERE_TILES', 'TURING_TILES', 'ARCH_TILES', 'SM_SHARED', 'SM_REGS', 'TMA_ARCHS',
-           'TC_ACC_BITS', 'TC_CHUNK', 'W8A16_BOUND', 'FP16_MAX', 'dequantize_blockwise_triton', 'decode_e4m3',
-           'act_quant', 'rmsnorm_quant', 'plan_gemm', 'device_sms', 'arch_family', 'device_arch', 'fp8_gemm',
-           'tensor_core_matmul', 'tensor_core_error', 'tensor_core_mlp', 'w8a16_gemm', 'fp8_gate_up_swiglu_quant',
-           'fp8_down_residual', 'rmsnorm_act', 'w8a16_gate_up_swiglu', 'fp16_bounds']
+           'W8A16_ARCHS', 'AMPERE_TILES', 'TURING_TILES', 'BLACKWELL_TILES', 'ARCH_TILES', 'SM_SHARED', 'SM_REGS',
+           'TMA_ARCHS', 'TC_ACC_BITS', 'TC_CHUNK', 'W8A16_BOUND', 'FP16_MAX', 'dequantize_blockwise_triton',
+           'decode_e4m3', 'act_quant', 'rmsnorm_quant', 'plan_gemm', 'device_sms', 'arch_family', 'device_arch',
+           'fp8_gemm', 'tensor_core_matmul', 'tensor_core_error', 'tensor_core_mlp', 'w8a16_gemm',
+           'fp8_gate_up_swiglu_quant', 'fp8_down_residual', 'rmsnorm_act', 'w8a16_gate_up_swiglu', 'fp16_bounds']
 
 # %% ../book/07_kernels.ipynb #0d3698a5
 import functools
@@ -828,10 +828,29 @@ TURING_TILES = {
     "gemm": ((None, _w8a16_tiles(16, 64, 4, 2, 255)),),
     "gate_up": ((None, _w8a16_tiles(16, 64, 4, 2, 255)),),
 }
+#: Blackwell's data-centre parts (10.0: B200) take Hopper's rows (Triton gives them
+#: `tcgen05.mma`, its accumulators in tensor memory) except three that spill for
+#: sm_100a (triton 3.9, appendix D): the gated kernel at M 17 to 32 and the down GEMM
+#: at 33 to 64 get 8 warps, the gated kernel above 256 tokens 64-row tiles. `regs`:
+#: the most triton 3.9's ptxas gives the block's launches for sm_100a (under triton
+#: 3.6 the gated kernel at M 33 to 64 still spills 8 bytes a thread). No B200 has
+#: run them.
+BLACKWELL_TILES = {
+    "gemm": ((16, _tiles(True, 16, 4, 6, 106)),
+             (32, _tiles(True, 32, 4, 6, 248)),
+             (64, _tiles(True, 64, 8, 5, 198)),
+             (256, _tiles(False, 64, 4, 4, 140, tma_a=True)),
+             (None, _tiles(False, 128, 8, 4, 141, tma_a=True))),
+    "gate_up": ((16, _tiles(True, 16, 4, 4, 168)),
+                (32, _tiles(True, 32, 8, 4, 127)),
+                (64, _tiles(True, 64, 8, 4, 240)),
+                (256, _tiles(False, 64, 8, 4, 142, tma_a=True)),
+                (None, _tiles(False, 64, 8, 4, 142, tma_a=True))),
+}
 #: Per GPU family, its default tiles: 90 Hopper, 100 Blackwell's data-centre parts
-#: (B200), which compile Hopper's tiles; 89 Ada and 120 Blackwell's desktop parts (RTX
-#: 50xx), FP8 `mma.sync` both; 80, 86, 75 the W8A16 families.
-ARCH_TILES = {90: GEMM_TILES, 100: GEMM_TILES, 89: ADA_TILES, 120: ADA_TILES,
+#: (B200); 89 Ada and 120 Blackwell's desktop parts (RTX 50xx), FP8 `mma.sync` both;
+#: 80, 86, 75 the W8A16 families.
+ARCH_TILES = {90: GEMM_TILES, 100: BLACKWELL_TILES, 89: ADA_TILES, 120: ADA_TILES,
               80: AMPERE_TILES, 86: AMPERE_TILES, 75: TURING_TILES}
 
 # %% ../book/07_kernels.ipynb #8d2b7c11

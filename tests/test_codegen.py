@@ -324,3 +324,55 @@ def test_the_byte_decode_and_the_w8a16_gemm_compile_for_gpus_without_e4m3():
     same = {"e4m3": False, "ftz": False, "ieee_mul": True, "target": True}
     assert got == {"75": dict(same, mma=[]), "80": dict(same, mma=bf16_mma),
                    "86": dict(same, mma=bf16_mma)}, got
+
+
+FAMILY_M = (1, 16, 64, 4096)
+#: The matrix instruction each family's GEMMs must compile to (`matrix_summary`):
+#: Turing's W8A16 GEMMs get none (Triton computes tl.dot on the FMA units there).
+FAMILY_MATRIX = {75: "-", 80: "mma.sync m16n8k16 bf16", 86: "mma.sync m16n8k16 bf16",
+                 89: "mma.sync m16n8k32 e4m3", 120: "mma.sync m16n8k32 e4m3",
+                 100: "tcgen05 f8f6f4"}
+FAMILY_GEMMS = {"gate_up": ("_gate_up_swiglu_quant_kernel", "_w8a16_gate_up_kernel"),
+                "gemm": ("_fp8_gemm_kernel", "_w8a16_gemm_kernel")}
+
+
+@pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_86", "sm_89", "sm_100",
+                                  "sm_120"])
+def test_every_gpu_family_compiles_the_block_without_spills(tmp_path, arch,
+                                                            record_property):
+    """`inspect --arch A --m 1,16,64,4096` for each family besides Hopper (the test
+    above): the W8A16 launches on Turing and Ampere, FP8 mma.sync on Ada and RTX 50xx,
+    tcgen05 on B200. No variant spills or needs more shared memory than a block may
+    have there; every GEMM variant has the family's matrix instruction and at most the
+    registers of its row of chapter 7's tile table (`regs`)."""
+    path = tmp_path / "codegen.json"
+    cmd = [sys.executable, "-m", "kimi_mlp", "inspect", "--arch", arch, "--m",
+           ",".join(map(str, FAMILY_M)), "--json", str(path)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    assert res.returncode == 0, res.stderr[-4000:]
+    assert "spills" not in res.stderr, res.stderr[-2000:]
+    report = json.loads(path.read_text())
+    family = codegen.TARGETS[arch][0]
+    assert report["target"] == codegen.target_name(family) and report["arch"] == family
+    assert report["ms"] == list(FAMILY_M)
+    assert (report["native_e4m3"] is None) == (family in kernels.W8A16_ARCHS)
+    seen = set()
+    for v in report["variants"]:
+        name = (v["kernel"], v["constexprs"], v["num_warps"], v["num_stages"])
+        assert v["spill_stores"] == v["spill_loads"] == 0, name
+        assert v["shared"] <= codegen.SHARED_MEM_LIMITS[family], name
+        kind = next((k for k, ks in FAMILY_GEMMS.items() if v["kernel"] in ks), None)
+        if kind is None:
+            assert v["matrix"]["kind"] is None, name
+            continue
+        assert matrix_summary(v["matrix"]) == FAMILY_MATRIX[family], name
+        n, k = (18432, 7168) if kind == "gate_up" else (7168, 18432)
+        for x in v["launches"]:
+            row = kernels._tile_row(kind, x["m"], n, k, None, family)
+            assert (v["constexprs"]["BLOCK_M"], v["num_warps"]) == (
+                row["BLOCK_M"], row["num_warps"]), (name, x["m"])
+            assert v["registers"] <= row["regs"], (name, x["m"], v["registers"])
+            seen.add((kind, x["m"]))
+        record_property(f"{arch} {v['kernel']}", f"{matrix_summary(v['matrix'])}, "
+                        f"{v['registers']} registers, {v['shared']} B shared")
+    assert seen == {(kind, m) for kind in FAMILY_GEMMS for m in FAMILY_M}
