@@ -149,8 +149,9 @@ def fused_ffn_block(h: torch.Tensor, block: nn.Module) -> torch.Tensor:
     7). Numerics: those of `Fp8DenseMLP` in mode "w8a8" (per-token 1 x 128 e4m3
     activations, 128 x 128 weight blocks, float32 accumulation), rounded like it: the
     MLP output to bf16, then `h + y` to bf16. On a GPU without e4m3: chapter 7's W8A16
-    launches, the numerics of mode "w8a16" (`FusedFp8DenseMLP`'s `mode`). Called with a block, it checks the block on every call; a
-    `FusedFp8DenseMLP` checks it once."""
+    launches, the numerics of mode "w8a16" (`FusedFp8DenseMLP`'s `mode`). Called
+    with a block, it checks the block on every call; a `FusedFp8DenseMLP` checks it
+    once."""
     fused = block if isinstance(block, FusedFp8DenseMLP) else FusedFp8DenseMLP(block)
     return fused(h)
 
@@ -247,9 +248,9 @@ def _choose_mode(device: torch.device, mode=None, act_dtype=None) -> tuple:
     mode = mode or ("w8a16" if no_e4m3 or act_dtype is not None else "w8a8")
     if mode == "w8a8" and no_e4m3:
         cap = ".".join(map(str, torch.cuda.get_device_capability(device)))
-        raise RuntimeError(f"mode: 'w8a8' needs an e4m3 type (compute capability 8.9 or "
-                           f"more), which {device} (compute capability {cap}) lacks; "
-                           "use 'w8a16' or None")
+        raise RuntimeError(f"mode: 'w8a8' needs an e4m3 type (compute capability 8.9 "
+                           f"or more), which {device} (compute capability {cap}) "
+                           "lacks; use 'w8a16' or None")
     if mode == "w8a8":
         if act_dtype is not None:
             raise ValueError(f"act_dtype: expected None with mode 'w8a8' (the FP8 "

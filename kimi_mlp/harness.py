@@ -535,15 +535,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
             "the record lists what was left out"
         ),
     )
-    p.add_argument(
-        "--path",
-        choices=("auto", "w8a8", "w8a16"),
-        default="auto",
-        help=(
-            "the fused module's launches: W8A8 (FP8, compute capability 8.9 or more), "
-            "W8A16 (any GPU from 7.5), or auto, the GPU's (default)"
-        ),
-    )
+    p.add_argument("--path", choices=("auto", "w8a8", "w8a16"), default="auto",
+                   help="the fused launches: w8a8 (FP8, compute capability 8.9 or "
+                        "more), w8a16 (from 7.5), or auto, the GPU's (default)")
     p.add_argument(
         "--cpu-smoke",
         action="store_true",

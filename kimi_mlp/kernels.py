@@ -192,8 +192,8 @@ def _check_e4m3_gpu(name, t):
         cap = ".".join(map(str, torch.cuda.get_device_capability(t.device)))
         raise RuntimeError(f"{name}: {t.device} (compute capability {cap}) has no e4m3 "
                            "type, which this kernel needs (8.9 or more); the W8A16 "
-                           "kernels (w8a16_gemm, or FusedFp8DenseMLP, which picks them) "
-                           "run there")
+                           "kernels (w8a16_gemm, or FusedFp8DenseMLP, which picks "
+                           "them) run there")
 
 
 def _check_rank(name, t, rank, what):
@@ -861,9 +861,10 @@ def _tile_row(kind, m, n, k, tiles=None, arch=90):
     table = (tiles or {}).get((kind, n, k)) or ARCH_TILES[arch][kind]
     row = dict(next(row for bound, row in table if bound is None or m <= bound))
     w8a16 = arch in W8A16_ARCHS
-    if ("SUB_K" in row) != w8a16:                   # a W8A16 row where FP8 runs, or back
-        raise ValueError(f"tiles: the row for {(kind, n, k)} at M = {m} does not fit the "
-                         f"{'W8A16' if w8a16 else 'FP8'} kernels of family {arch} (SUB_K "
+    if ("SUB_K" in row) != w8a16:             # a W8A16 row where FP8 runs, or back
+        path = "W8A16" if w8a16 else "FP8"
+        raise ValueError(f"tiles: the row for {(kind, n, k)} at M = {m} does not fit "
+                         f"the {path} kernels of family {arch} (SUB_K "
                          f"{'required' if w8a16 else 'not allowed'}), got {row}")
     return row
 
@@ -1750,10 +1751,10 @@ def _check_w8a16_gate_up_args(x, gate_w, gate_scale, up_w, up_scale, out, split_
 def rmsnorm_act(h: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                 dtype=torch.bfloat16, *, out: torch.Tensor | None = None):
     """The W8A16 block's first launch: `rms_norm(h, weight, eps)` of [M, d] bf16 rows
-    (chapter 2's order) in `dtype`, bf16 or fp16, not quantized. With a bf16 gain it
-    equals `rms_norm(h, weight, eps).to(dtype)` bit for bit under the interpreter (on a
-    GPU the sum of squares runs in another order: within section 2's 2 bf16 ulps); in
-    fp16 a value of 65520 or more becomes inf. `out`: an optional [M, d] buffer."""
+    in `dtype`, bf16 or fp16, not quantized. With a bf16 gain it is `rms_norm(h,
+    weight, eps).to(dtype)`, bit for bit under the interpreter (a GPU sums the squares
+    in another order: within section 2's 2 bf16 ulps); in fp16 a value of 65520 or
+    more becomes inf. `out`: an optional [M, d] buffer."""
     m, d = _check_rmsnorm_inputs(h, weight, eps, 128)
     if dtype not in (torch.bfloat16, torch.float16):
         raise ValueError("dtype: expected torch.bfloat16 or torch.float16, "
@@ -1764,11 +1765,6 @@ def rmsnorm_act(h: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
     if m:
         _launch_w8a16_norm(h, weight, eps, out)
     return out
-
-
-#: The W8A16 block's output against the reference `mode="w8a16"`, relative (the
-#: derivation is in the text): 5 bf16 unit roundoffs.
-W8A16_BOUND = 5 * 2.0**-8
 
 
 def w8a16_gate_up_swiglu(x: torch.Tensor, gate_w: torch.Tensor,
@@ -1788,6 +1784,11 @@ def w8a16_gate_up_swiglu(x: torch.Tensor, gate_w: torch.Tensor,
         _launch_w8a16_gate_up(x, gate, gate_scale, up, up_scale, out, plan)
     return out
 
+# %% ../book/07_kernels.ipynb #bddef8bc
+#: The W8A16 block's output against the reference `mode="w8a16"`, relative (the
+#: derivation is above): 5 bf16 unit roundoffs.
+W8A16_BOUND = 5 * 2.0**-8
+
 # %% ../book/07_kernels.ipynb #17c4a719
 FP16_MAX = 65504.0
 
@@ -1802,7 +1803,8 @@ def fp16_bounds(norm_weight: torch.Tensor, gate: torch.Tensor, gate_scale: torch
     d = norm_weight.shape[0]
     f, gate = _check_w8a16_weight("gate", gate, "gate_scale", gate_scale, d,
                                   norm_weight.device)
-    _, up = _check_w8a16_weight("up", up, "up_scale", up_scale, d, norm_weight.device, f)
+    _, up = _check_w8a16_weight("up", up, "up_scale", up_scale, d, norm_weight.device,
+                                f)
     x = math.sqrt(d) * norm_weight.detach().abs().max().double().item()
 
     def row_norm(codes, s):                          # NaN anywhere: NaN, not dropped
@@ -1811,7 +1813,8 @@ def fp16_bounds(norm_weight: torch.Tensor, gate: torch.Tensor, gate_scale: torch
             r1 = min(r0 + step, codes.shape[0])
             sc = s[r0 // 128:-(-r1 // 128)].double().repeat_interleave(128, 0)
             w = codes[r0:r1].view(FP8_DTYPE).double()
-            norms.append((w * sc[:r1 - r0].repeat_interleave(128, 1)[:, :d]).norm(dim=1))
+            w = w * sc[:r1 - r0].repeat_interleave(128, 1)[:, :d]
+            norms.append(w.norm(dim=1))
         return torch.cat(norms).max().item()
 
     g, u = x * row_norm(gate, gate_scale), x * row_norm(up, up_scale)
