@@ -16,9 +16,10 @@ prints nothing.
 The cell keeps the id `colab-install`: a second run rewrites that cell in place (moving it back
 to the top if needed), so the script can be re-run after any notebook is edited or added. It
 carries the tag `remove-cell` (the online book leaves it out; the notebook a reader downloads
-or opens on Colab keeps it), no nbdev directive (nothing is exported), no outputs and no
-execution count (it was written, not run; nbval compares outputs only). Nothing else in a
-notebook changes: the file is written back with nbformat's layout, byte for byte.
+or opens on Colab keeps it), no nbdev directive (nothing is exported), no outputs and
+execution count 1: it is the first cell a run executes, and off Colab it prints nothing, which
+is what nbval compares. Nothing else in a notebook changes: the file is written back with
+nbformat's layout, byte for byte.
 """
 import argparse
 import ast
@@ -77,7 +78,7 @@ def cell_source(url: str = "", ref: str = "") -> str:
 
 def install_cell(url: str = "", ref: str = "") -> dict:
     "The install cell as nbformat stores it (source split into lines, keys sorted)."
-    return {"cell_type": "code", "execution_count": None, "id": CELL_ID,
+    return {"cell_type": "code", "execution_count": 1, "id": CELL_ID,
             "metadata": {"tags": list(TAGS)}, "outputs": [],
             "source": cell_source(url, ref).splitlines(keepends=True)}
 
