@@ -164,8 +164,7 @@ def make_providers(block, names=tuple(PROVIDERS), w_bf16: dict | None = None,
     act_quant, act_desc = _act_quant()
     mode, dtype = _choose_mode(device, path)
     short = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-    no_e4m3 = (device.type == "cuda"
-               and kernels.device_arch(device) in kernels.W8A16_ARCHS)
+    no_e4m3 = kernels.device_arch(device) in kernels.W8A16_ARCHS   # the GPU's family
     out = {}
     for name in names:
         if name not in PROVIDERS:
@@ -181,8 +180,7 @@ def make_providers(block, names=tuple(PROVIDERS), w_bf16: dict | None = None,
             p["w8a16"] = short.get(dtype, "bf16")
         elif name == "fused":
             p["fn"] = FusedFp8DenseMLP(block, mode)  # checked once, launched thin
-            p.update(path=mode, act_dtype=None if dtype is None else str(dtype),
-                     w8a16=None if dtype is None else short[dtype])
+            p.update(path=mode, w8a16=None if dtype is None else short[dtype])
         elif no_e4m3:                       # the FP8 kernels and cuBLAS's FP8 GEMM
             p.update(available=False, reason="no e4m3 type on this GPU")
         elif name == "unfused_w8a8":

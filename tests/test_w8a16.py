@@ -161,3 +161,18 @@ def test_the_benchmark_runs_the_w8a16_path():
     assert r["kernel_choices"]["3"]["gate_up"]["arch"] == 80
     with pytest.raises(ValueError, match="path: expected 'auto', 'w8a8' or 'w8a16'"):
         harness.bench(ms=(1,), cpu_smoke=True, path="fp8", log=lambda *a: None)
+
+
+def test_the_providers_on_a_gpu_without_e4m3(block, monkeypatch):
+    """What `make_providers` gives on an Ampere GPU (its family stubbed, the block on the
+    CPU): the fused module on the W8A16 path in bf16, the unfused W8A16 pipeline, and the
+    two FP8 pipelines unavailable with the reason, without a function to call."""
+    from kimi_mlp import harness
+    monkeypatch.setattr(K, "device_arch", lambda device: 80)
+    provs = harness.make_providers(block, ("fused", "unfused_w8a16", "unfused_w8a8",
+                                           "scaled_mm"))
+    assert (provs["fused"]["path"], provs["fused"]["w8a16"]) == ("w8a16", "bf16")
+    assert provs["fused"]["fn"].mode == "w8a16" and provs["unfused_w8a16"]["available"]
+    for name in ("unfused_w8a8", "scaled_mm"):
+        assert not provs[name]["available"] and "fn" not in provs[name]
+        assert provs[name]["reason"] == "no e4m3 type on this GPU"
