@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ['GPUCHECK_BOUNDS', 'TENSOR_CORE_CHECKS', 'GPUCHECK_M', 'GPUCHECK_SMOKE_M', 'dequantized_weights', 'torch_bf16_ffn', 'checked_launches', 'normed_and_quantized', 'check_block_once', 'rounding_outputs', 'native_matches_integer', 'time_block', 'gpucheck_main']
+__all__ = ['GPUCHECK_BOUNDS', 'TENSOR_CORE_CHECKS', 'GPUCHECK_M', 'GPUCHECK_HEADER', 'GPUCHECK_SMOKE_M', 'dequantized_weights', 'torch_bf16_ffn', 'checked_launches', 'normed_and_quantized', 'check_block_once', 'w8a16_bounds', 'check_w8a16_once', 'rounding_outputs', 'native_matches_integer', 'time_block', 'gpucheck_main']
 
 # %% ../book/appendix_c_measuring.ipynb #beab2755
 # kimi_mlp.gpu_check: the fused block at the real shapes against its references.
@@ -128,6 +128,38 @@ def check_block_once(block: nn.Module, h: torch.Tensor,
     r["out"] = out
     return r
 
+# %% ../book/appendix_c_measuring.ipynb #5f8f39f2
+def w8a16_bounds() -> dict:
+    "The W8A16 row's bounds: chapter 7's W8A16_BOUND, DeepGEMM's 1e-3 (above)."
+    from kimi_mlp.kernels import W8A16_BOUND              # defined after book_mode
+    return {"block_vs_w8a16": W8A16_BOUND, "deepgemm_vs_bf16": 1e-3}
+
+
+def check_w8a16_once(block: nn.Module, h: torch.Tensor, fused,
+                     w_bf16: dict | None = None) -> dict:
+    """The W8A16 checks for one input h [M, d] bf16; `fused`: a FusedFp8DenseMLP of
+    `block` in mode "w8a16". Its output (poisoned allocations) against the block's
+    `mode="w8a16"` (relative error) and torch bf16 on the dequantized weights
+    (DeepGEMM's measure), with `bounds` (`w8a16_bounds`) and the verdict `ok`."""
+    from kimi_mlp.fused import deepgemm_measure
+    r = {"m": h.shape[0], "path": fused.mode, "act_dtype": str(fused.act_dtype)}
+    mode = block.mlp.mode
+    with torch.no_grad():
+        with poisoned_allocations():
+            out = fused(h)
+        try:
+            block.mlp.mode = "w8a16"
+            ref = block(h)
+        finally:
+            block.mlp.mode = mode
+        w16 = w_bf16 if w_bf16 is not None else dequantized_weights(block)
+        r["block_vs_w8a16"] = relative_error(out, ref)
+        r["deepgemm_vs_bf16"] = deepgemm_measure(out, torch_bf16_ffn(h, block, w16))
+    r["bounds"] = bounds = w8a16_bounds()
+    r["ok"] = bool(r["block_vs_w8a16"] <= bounds["block_vs_w8a16"]      # NaN: False
+                   and r["deepgemm_vs_bf16"] < bounds["deepgemm_vs_bf16"])
+    return r
+
 # %% ../book/appendix_c_measuring.ipynb #8e3a5c19
 def rounding_outputs(block: nn.Module, h: torch.Tensor) -> list:
     """Every kernel that rounds, on h [M, d] bf16 and on a NaN-laced copy of it: both
@@ -168,6 +200,11 @@ def native_matches_integer(block: nn.Module, h: torch.Tensor) -> bool | None:
 
 # %% ../book/appendix_c_measuring.ipynb #e7a1c565
 GPUCHECK_M = (1, 3, 16, 33, 128, 512, 1024, 4096)
+#: The table's header, by the fused module's launches.
+GPUCHECK_HEADER = {
+    "w8a8": f"{'M':>5} {'norm bits':>9} {'native':>6} {'gemm':>8} {'act':>8} "
+            f"{'vs w8a8':>8} {'DeepGEMM':>9}",
+    "w8a16": f"{'M':>5} {'acts':>9} {'vs w8a16':>9} {'DeepGEMM':>9}"}
 
 
 GPUCHECK_SMOKE_M = (1, 3, 17)
@@ -204,6 +241,9 @@ def _gpucheck_parser() -> argparse.ArgumentParser:
                    help="record this commit (for a tree copied without .git)")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes (hidden 320, "
                    "intermediate 704), no timings: tests the script itself")
+    p.add_argument("--path", choices=("auto", "w8a8", "w8a16"), default="auto",
+                   help="the fused module's launches: auto (the GPU family's), the FP8 "
+                        "ones (compute capability 8.9 or more) or the W8A16 ones")
     return p
 
 
@@ -220,15 +260,16 @@ def time_block(fused, block: nn.Module, w16: dict, h: torch.Tensor, graph: bool,
     return {"fused_ms": fused_ms, "torch_bf16_ms": bf16_ms, "timer": timer}
 
 
-def _earlier_rows(out: Path, kind: str, shapes: dict, ms) -> list:
+def _earlier_rows(out: Path, kind: str, shapes: dict, ms, path: str) -> list:
     """The rows an earlier run left in `out`/gpucheck.json for other M (same kind of
-    run, same shapes): a check split over several calls ends in one file."""
+    run, same shapes, same launches): a check split over several calls ends in one
+    file."""
     try:
         old = json.loads((out / "gpucheck.json").read_text())
     except (OSError, ValueError):
         return []
-    if not isinstance(old, dict) or (old.get("kind"), old.get("shapes")) != (kind,
-                                                                             shapes):
+    if not isinstance(old, dict) or (old.get("kind"), old.get("shapes"),
+                                     old.get("path", "w8a8")) != (kind, shapes, path):
         return []
     return [r for r in old.get("results", []) if r.get("m") not in ms]
 
@@ -238,6 +279,9 @@ def _gpucheck_line(r: dict) -> str:
     tf, tb = r["fused_ms"], r["torch_bf16_ms"]
     times = (f"{tf * 1e3:9.1f} {tb * 1e3:9.1f} {tb / tf:7.2f} {r['timer']:>9}" if tf
              else f"{'n/a':>9} {'n/a':>9} {'n/a':>7} {'-':>9}")
+    if r.get("path") == "w8a16":
+        return (f"{r['m']:>5} {r['act_dtype'][6:]:>9} {r['block_vs_w8a16']:9.1e} "
+                f"{r['deepgemm_vs_bf16']:9.1e} {times}  {'OK' if r['ok'] else 'FAIL'}")
     native = {None: "n/a", True: "True", False: "False"}[r["native_bitexact"]]
     return (f"{r['m']:>5} {str(r['norm_quant_bitexact']):>9} {native:>6} "
             f"{r['fp8_gemm']:8.1e} {r['swiglu_act']:8.1e} {r['block_vs_w8a8']:8.1e} "
@@ -249,9 +293,11 @@ class _CheckLog:
     the JSON record and the log written after every M, so a run cut short keeps the
     rows it finished (and the rows of other M an earlier run stored)."""
 
-    def __init__(self, out, kind: str, shapes: dict, ms, env: dict):
+    def __init__(self, out, kind: str, shapes: dict, ms, env: dict, path: str):
         self.out, self.kind, self.shapes, self.env = out, kind, shapes, env
-        self.earlier = [] if out is None else _earlier_rows(out, kind, shapes, ms)
+        self.path, self.bounds = path, (w8a16_bounds() if path == "w8a16"
+                                        else GPUCHECK_BOUNDS)
+        self.earlier = [] if out is None else _earlier_rows(out, kind, shapes, ms, path)
         self.lines: list[str] = []
         self.rows: list[dict] = []
         self.saved = 0
@@ -273,15 +319,15 @@ class _CheckLog:
             return
         self.out.mkdir(parents=True, exist_ok=True)
         record = {"schema": "kimi-mlp-gpucheck/1", "kind": self.kind,
-                  "environment": self.env, "shapes": self.shapes,
-                  "bounds": GPUCHECK_BOUNDS, "results": self.earlier + self.rows}
+                  "environment": self.env, "shapes": self.shapes, "path": self.path,
+                  "bounds": self.bounds, "results": self.earlier + self.rows}
         (self.out / "gpucheck.json").write_text(json.dumps(record, indent=1))
         with open(self.out / "gpucheck.log", "a") as f_log:
             f_log.write("".join(line + "\n" for line in self.lines[self.saved:]))
         self.saved = len(self.lines)
 
 # %% ../book/appendix_c_measuring.ipynb #40546d81
-def _gpucheck_refusal(cpu_smoke: bool) -> str | None:
+def _gpucheck_refusal(cpu_smoke: bool, path: str = "auto") -> str | None:
     "Why the check cannot run here, or None."
     if not torch.cuda.is_available():
         if cpu_smoke:
@@ -289,7 +335,7 @@ def _gpucheck_refusal(cpu_smoke: bool) -> str | None:
         return ("no CUDA device. The real-shape checks (7168 x 18432, M up to 4096) "
                 "and the timings need a GPU; on the CPU, `--cpu-smoke` runs the same "
                 "checks at tiny shapes through the Triton interpreter.")
-    return None if cpu_smoke else gpu_refusal(torch.device("cuda"))
+    return None if cpu_smoke else gpu_refusal(torch.device("cuda"), fp8=path == "w8a8")
 
 
 def _check_m(block: nn.Module, fused, w16: dict, h: torch.Tensor, args,
@@ -297,8 +343,9 @@ def _check_m(block: nn.Module, fused, w16: dict, h: torch.Tensor, args,
     """One row of the table: every check on the tokens `h`, then (on a GPU) the
     timings. An error becomes the row, so the check goes on with the next M."""
     try:
-        r = check_block_once(block, h, w16)
-        r.pop("out")
+        r = (check_w8a16_once(block, h, fused, w16) if fused.mode == "w8a16"
+             else check_block_once(block, h, w16))
+        r.pop("out", None)
         r["fused_ms"] = r["torch_bf16_ms"] = r["timer"] = None
         if timed:
             graph = h.shape[0] <= args.graph_max_m
@@ -315,7 +362,7 @@ def gpucheck_main(argv=None) -> int:
     on a CUDA device; returns 0 when every check passes, 1 when one fails, 2 when
     refused."""
     args = _gpucheck_parser().parse_args(argv)
-    refused = _gpucheck_refusal(args.cpu_smoke)
+    refused = _gpucheck_refusal(args.cpu_smoke, args.path)
     if refused:
         print(f"gpucheck: {refused}", file=sys.stderr)
         return 2
@@ -324,27 +371,28 @@ def gpucheck_main(argv=None) -> int:
     d, f = (320, 704) if args.cpu_smoke else (args.hidden_size, args.intermediate_size)
     ms = args.m or (GPUCHECK_SMOKE_M if args.cpu_smoke else GPUCHECK_M)
     t0, env = time.perf_counter(), environment(args.git_commit)
-    log = _CheckLog(args.out, "measurement" if timed else "cpu-smoke",
-                    {"hidden_size": d, "intermediate_size": f}, ms, env)
-    log.say(f"gpucheck: {env.get('gpu', 'CPU (Triton interpreter)')}, torch "
-            f"{env['torch']}, triton {env['triton']}"
-            f"{'' if timed else ', smoke test: no timings'}")
     torch.backends.cuda.matmul.allow_tf32 = False    # float32 references stay float32
     from kimi_mlp.fused import FusedFp8DenseMLP, random_dense_block   # the kernels
     block = random_dense_block(d, f, device=device, seed=args.seed)
-    fused, w16 = FusedFp8DenseMLP(block), dequantized_weights(block)
+    fused = FusedFp8DenseMLP(block, mode=None if args.path == "auto" else args.path)
+    w16 = dequantized_weights(block)
+    log = _CheckLog(args.out, "measurement" if timed else "cpu-smoke",
+                    {"hidden_size": d, "intermediate_size": f}, ms, env, fused.mode)
+    log.say(f"gpucheck: {env.get('gpu', 'CPU (Triton interpreter)')}, torch "
+            f"{env['torch']}, triton {env['triton']}, launches {fused.mode}"
+            f"{'' if timed else ', smoke test: no timings'}")
     log.say(f"block: hidden {d}, intermediate {f}, built in "
             f"{time.perf_counter() - t0:.1f} s")
-    log.say(f"{'M':>5} {'norm bits':>9} {'native':>6} {'gemm':>8} {'act':>8} "
-            f"{'vs w8a8':>8} {'DeepGEMM':>9} {'fused us':>9} {'bf16 us':>9} "
+    log.say(f"{GPUCHECK_HEADER[fused.mode]} {'fused us':>9} {'bf16 us':>9} "
             f"{'speedup':>7} {'timer':>9}  ok")
     for i, m in enumerate(ms):
         gen = torch.Generator(device=device).manual_seed(args.seed * 1000 + 17 + i)
         h = torch.randn(m, d, generator=gen, device=device).to(torch.bfloat16)
         log.add(_check_m(block, fused, w16, h, args, timed))
     bounds = ", ".join(f"{k} {'<' if k.startswith('deepgemm') else '<='} {v:.3g}"
-                       for k, v in GPUCHECK_BOUNDS.items())
-    log.say(f"bounds: norm bits identical, native roundings = integer ones, {bounds}; "
+                       for k, v in log.bounds.items())
+    log.say(f"bounds: {bounds}" if fused.mode == "w8a16" else
+            f"bounds: norm bits identical, native roundings = integer ones, {bounds}; "
             f"{', '.join(TENSOR_CORE_CHECKS)} plus the tensor cores' share (chapter "
             "7's model, per M in the record)")
     ok = all(r["ok"] for r in log.rows)

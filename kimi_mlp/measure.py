@@ -15,9 +15,12 @@ import torch
 # be able to choose the interpreter before the kernels are defined.
 from .fp8 import FP8_TENSOR_CORES
 
+#: The oldest GPU Triton's `tl.dot` serves (Turing), as chapter 7's `arch_family` says.
+TRITON_DOT_MIN = (7, 5)
+
 # %% auto #0
-__all__ = ['GRAPH_MAX_M', 'BookMode', 'book_mode', 'gpu_refusal', 'poisoned_allocations', 'time_ms', 'median_ms', 'rate',
-           'launches_stubbed', 'host_time_us']
+__all__ = ['TRITON_DOT_MIN', 'GRAPH_MAX_M', 'BookMode', 'book_mode', 'gpu_refusal', 'poisoned_allocations', 'time_ms',
+           'median_ms', 'rate', 'launches_stubbed', 'host_time_us']
 
 # %% ../book/appendix_c_measuring.ipynb #daca619f
 @dataclass(frozen=True)
@@ -27,12 +30,23 @@ class BookMode:
     interpreter at small widths. `device`: where the tensors live. `reason`: which, and
     why, in one line. `rehearsal`: the GPU code run on the CPU, through the interpreter,
     at the small widths and untimed, so that a machine without a GPU can check that it
-    runs (set KIMI_BOOK_MODE=rehearsal; for the code path, never for numbers)."""
+    runs (set KIMI_BOOK_MODE=rehearsal; for the code path, never for numbers). `fp8`:
+    whether the FP8 (W8A8) kernels run: always through the interpreter, and on a GPU
+    with an e4m3 type (compute capability 8.9 or more); on a GPU without one the
+    chapters run their W8A16 cells at Kimi K2's widths and print `skipped` in the
+    others (KIMI_BOOK_MODE=rehearsal-w8a16 rehearses that on the CPU)."""
 
     gpu: bool
     device: torch.device
     reason: str
     rehearsal: bool = False
+    fp8: bool = True
+
+    @property
+    def skipped(self) -> str:
+        "What an FP8 cell prints instead of running, when `fp8` is False."
+        return ("skipped: the FP8 (W8A8) kernels need an e4m3 type (compute capability "
+                "8.9 or more); this GPU runs the W8A16 cells")
 
     def pick(self, cpu, gpu):
         "The CPU or the GPU variant of a setting (shapes, token counts), by the mode."
@@ -48,24 +62,27 @@ class BookMode:
 # %% ../book/appendix_c_measuring.ipynb #dafa62d1
 def book_mode() -> BookMode:
     """Choose the mode, before `kimi_mlp.kernels` is imported: the GPU when there is one
-    with FP8 tensor cores and TRITON_INTERPRET is not 1; the interpreter when there is
-    no CUDA device (this sets TRITON_INTERPRET=1) or when the reader set
-    TRITON_INTERPRET=1. On a GPU without FP8 tensor cores it raises RuntimeError saying
-    so: it does not switch to the interpreter on a machine with CUDA unless the reader
-    asks for it. Also raises if the kernels were already imported in the other mode
-    (Triton cannot switch then: restart the Python kernel).
+    Triton serves (compute capability 7.5 or more) and TRITON_INTERPRET is not 1, with
+    `fp8` False below 8.9 (no e4m3 type); the interpreter when there is no CUDA device
+    (this sets TRITON_INTERPRET=1) or when the reader set TRITON_INTERPRET=1. On a GPU
+    below 7.5 it raises RuntimeError saying so: it does not switch to the interpreter on
+    a machine with CUDA unless the reader asks for it. Also raises if the kernels were
+    already imported in the other mode (Triton cannot switch then: restart the Python
+    kernel).
     """
     why = "there is no CUDA device"
-    if os.environ.get("KIMI_BOOK_MODE") == "rehearsal":
+    rehearse = os.environ.get("KIMI_BOOK_MODE")
+    if rehearse in ("rehearsal", "rehearsal-w8a16"):
         os.environ["TRITON_INTERPRET"] = "1"
+        without = ", as a GPU without e4m3 runs it" if rehearse != "rehearsal" else ""
         return _agreed(
             BookMode(
                 True,
                 torch.device("cpu"),
-                "a rehearsal of the GPU code on the "
-                "CPU (KIMI_BOOK_MODE=rehearsal): interpreter, small widths, "
-                "no timings",
+                f"a rehearsal of the GPU code on the CPU{without} "
+                f"(KIMI_BOOK_MODE={rehearse}): interpreter, small widths, no timings",
                 rehearsal=True,
+                fp8=rehearse == "rehearsal",
             )
         )
     if torch.cuda.is_available():
@@ -73,21 +90,24 @@ def book_mode() -> BookMode:
         gpu = f"{name} (compute capability {cap[0]}.{cap[1]})"
         if os.environ.get("TRITON_INTERPRET") == "1":
             why = f"TRITON_INTERPRET=1 is set (the GPU, {gpu}, is not used)"
-        elif cap < FP8_TENSOR_CORES:
+        elif cap < TRITON_DOT_MIN:
             raise RuntimeError(
-                f"{gpu} has no FP8 tensor cores, which these kernels need on a "
-                "GPU (compute capability 8.9 or more: Ada, Hopper). To run this "
+                f"{gpu} is older than Turing: Triton's tl.dot, which these kernels "
+                "need on a GPU, serves compute capability 7.5 or more. To run this "
                 "chapter through Triton's CPU interpreter instead, set "
                 "TRITON_INTERPRET=1 before the kernels are imported (in Jupyter, "
                 "`%env TRITON_INTERPRET=1` in a cell before this one)"
             )
         else:
+            fp8 = cap >= FP8_TENSOR_CORES
             return _agreed(
                 BookMode(
                     True,
                     torch.device("cuda"),
-                    "compiled Triton kernels on "
-                    f"{gpu}, at Kimi K2's widths, 7168 / 18432",
+                    f"compiled Triton kernels on {gpu}, at Kimi K2's widths, 7168 / "
+                    + ("18432" if fp8 else "18432; no e4m3 type: the W8A16 cells run, "
+                       "the FP8 ones are skipped"),
+                    fp8=fp8,
                 )
             )
     os.environ["TRITON_INTERPRET"] = "1"

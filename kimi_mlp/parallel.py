@@ -594,6 +594,16 @@ def main(argv=None) -> int:
     finally:
         dist.destroy_process_group()
 
+# %% ../book/10_parallel.ipynb #47790fd4
+def _check_impl(impl: str, device: torch.device) -> None:
+    """`--impl fused` runs chapter 8's FP8 kernels: a GPU without an e4m3 type (below
+    compute capability 8.9) is refused in one line, before any weight is read."""
+    from kimi_mlp.measure import gpu_refusal
+    refused = impl == "fused" and device.type == "cuda" and gpu_refusal(device)
+    if refused:
+        raise ValueError(f"--impl: expected 'torch' on this GPU, got 'fused': {refused}. "
+                         "--impl torch runs chapter 5's w8a8 arithmetic there")
+
 # %% ../book/10_parallel.ipynb #b2381063
 def _run_check(args, rank: int, world: int, local_rank: int, local_world: int) -> int:
     "main inside the group: check the input and load (every rank agrees), run, report."
@@ -603,6 +613,7 @@ def _run_check(args, rank: int, world: int, local_rank: int, local_world: int) -
         check_degree(KimiK2Config.from_json(root / "config.json").intermediate_size,
                      world)                           # before a byte of weight is read
         device, before = _device(local_rank, local_world), rchar()
+        _check_impl(args.impl, device)
         shard = load_dense_shard(args.dir, rank, world, layer=args.layer)
         io = None if before is None else rchar() - before
     except (CheckpointError, ValueError, TypeError, OSError) as e:

@@ -264,6 +264,36 @@ def test_gpucheck_cpu_smoke_writes_its_record(tmp_path, capsys):
     assert "OK" in capsys.readouterr().out
 
 
+def test_gpucheck_w8a16_checks_the_w8a16_launches_and_keeps_its_own_rows(tmp_path, capsys):
+    """`--path w8a16`: the W8A16 row (against mode "w8a16" within chapter 7's bound, and
+    DeepGEMM's measure against torch bf16), in a record that names its launches; a w8a8
+    run into the same directory does not adopt its rows."""
+    from kimi_mlp.kernels import W8A16_BOUND
+    assert gpucheck_main(["--cpu-smoke", "--m", "1,3", "--path", "w8a16",
+                          "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "gpucheck.json").read_text())
+    assert record["path"] == "w8a16"
+    assert record["bounds"] == {"block_vs_w8a16": W8A16_BOUND, "deepgemm_vs_bf16": 1e-3}
+    for r in record["results"]:
+        assert r["ok"] and r["path"] == "w8a16" and r["act_dtype"] == "torch.bfloat16"
+        assert r["block_vs_w8a16"] <= W8A16_BOUND and r["deepgemm_vs_bf16"] < 1e-3
+    assert "launches w8a16" in capsys.readouterr().out
+    assert gpucheck_main(["--cpu-smoke", "--m", "3", "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "gpucheck.json").read_text())
+    assert record["path"] == "w8a8" and [r["m"] for r in record["results"]] == [3]
+
+
+def test_the_w8a16_check_fails_on_the_wrong_weights():
+    """The W8A16 row is not a formality: a module of another block misses both bounds."""
+    from kimi_mlp.gpu_check import check_w8a16_once
+    block, other = random_dense_block(256, 640, seed=1), random_dense_block(256, 640, seed=2)
+    h = torch.randn(3, 256, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    good = check_w8a16_once(block, h, FusedFp8DenseMLP(block, mode="w8a16"))
+    bad = check_w8a16_once(block, h, FusedFp8DenseMLP(other, mode="w8a16"))
+    assert good["ok"] and not bad["ok"]
+    assert bad["block_vs_w8a16"] > 10 * bad["bounds"]["block_vs_w8a16"]
+
+
 def test_gpucheck_reports_a_crash_and_goes_on(tmp_path, monkeypatch, capsys):
     import kimi_mlp.gpu_check as gpu_check
     real = gpu_check.check_block_once

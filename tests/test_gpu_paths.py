@@ -114,9 +114,10 @@ V100 = {"name": "Tesla V100-SXM2-16GB", "capability": (7, 0), "sms": 80}
 def test_a_gpu_without_e4m3_gets_the_w8a16_path_and_clear_refusals(fake_gpu, monkeypatch,
                                                                    capsys):
     """An A100 and a T4: the module picks W8A16 (bf16 on the A100, fp16 on the T4), its
-    plans use the family's table and SM count; the FP8 kernels, the GPU check and the
-    benchmark each refuse in one line naming the GPU and what they need. A V100 (7.0)
-    is refused by everything in one line."""
+    plans use the family's table and SM count; the FP8 kernels, and the GPU check and
+    the benchmark asked for them, each refuse in one line naming the GPU and what they
+    need, while their W8A16 runs are not refused. A V100 (7.0) is refused by
+    everything in one line."""
     fake_gpu.update(A100)
     assert kernels.device_arch(CUDA0) == 80
     assert FU._choose_mode(CUDA0) == ("w8a16", torch.bfloat16)
@@ -132,7 +133,7 @@ def test_a_gpu_without_e4m3_gets_the_w8a16_path_and_clear_refusals(fake_gpu, mon
         kernels.act_quant(x)
     assert "\n" not in str(e.value)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    for main, name, argv in ((gpu_check.gpucheck_main, "gpucheck", []),
+    for main, name, argv in ((gpu_check.gpucheck_main, "gpucheck", ["--path", "w8a8"]),
                              (harness.main, "bench", ["--path", "w8a8"])):
         assert main(argv) == 2
         err = capsys.readouterr().err
@@ -140,6 +141,14 @@ def test_a_gpu_without_e4m3_gets_the_w8a16_path_and_clear_refusals(fake_gpu, mon
         assert "compute capability 8.0 and no e4m3 type" in err
     assert measure.gpu_refusal(CUDA0).startswith("NVIDIA A100")
     assert measure.gpu_refusal(CUDA0, fp8=False) is None      # the W8A16 sweep runs
+    assert gpu_check._gpucheck_refusal(False, "auto") is None  # the W8A16 check runs
+    assert gpu_check._gpucheck_refusal(False, "w8a16") is None
+    from kimi_mlp import parallel
+    with pytest.raises(ValueError, match=r"--impl: expected 'torch' on this GPU, got "
+                       r"'fused': NVIDIA A100.*no e4m3 type") as e:
+        parallel._check_impl("fused", CUDA0)                 # tp-check, before loading
+    assert "\n" not in str(e.value)
+    parallel._check_impl("torch", CUDA0)
     assert harness._bench_path("auto", CUDA0) == "w8a16"
     with pytest.raises(RuntimeError, match="mode: 'w8a8' needs an e4m3 type"):
         harness._bench_path("w8a8", CUDA0)
@@ -511,11 +520,12 @@ def test_a_report_on_a_gpu_gives_a_notebook_what_is_left_of_its_budget(fake_gpu,
     ("bench", "--steps bench --budget-s 350"),
     ("ch9", "--steps notebooks --notebooks 09_benchmarks.ipynb --budget-s 410"),
     ("bench-w8a16", None),
+    ("check-w8a16", None),
 ])
 def test_the_gpu_day_steps_call_the_report(tmp_path, step, expected):
     """tools/gpu_day.sh, with `echo` standing in for Python: each step is one gpu-report
-    call into OUT (the W8A16 sweep: the benchmark itself), under the time limit, with
-    its budget below it."""
+    call into OUT (the W8A16 sweep: the benchmark itself; the W8A16 check: the check
+    itself, into OUT/w8a16), under the time limit, with its budget below it."""
     root = tiles._package_dir().parent
     env = {"PATH": "/usr/bin:/bin", "PYTHON": "echo", "GIT_COMMIT": "abc"}
     res = subprocess.run(["bash", str(root / "tools" / "gpu_day.sh"), step,
@@ -524,7 +534,9 @@ def test_the_gpu_day_steps_call_the_report(tmp_path, step, expected):
     assert res.returncode == 0, res.stderr
     want = (f"-m kimi_mlp gpu-report --out {tmp_path / 'out'} --git-commit abc {expected}"
             if expected else f"-m kimi_mlp bench --path w8a16 --out {tmp_path / 'out'} "
-            "--git-commit abc --budget-s 350")
+            "--git-commit abc --budget-s 350" if step == "bench-w8a16" else
+            "-m kimi_mlp.gpucheck --path w8a16 --m 1,16,128,4096 --out "
+            f"{tmp_path / 'out' / 'w8a16'} --git-commit abc")
     assert res.stdout.strip() == want
     bad = subprocess.run(["bash", str(root / "tools" / "gpu_day.sh"), "warm",
                           str(tmp_path / "out")], capture_output=True, text=True, env=env)

@@ -49,20 +49,43 @@ def test_book_mode_refuses_to_follow_kernels_imported_the_other_way(monkeypatch)
             measure.book_mode()
 
 
-def test_a_gpu_without_fp8_tensor_cores_is_named_and_not_interpreted_silently(monkeypatch):
+def test_a_gpu_without_e4m3_runs_the_w8a16_cells_and_an_older_one_is_named(monkeypatch):
+    """An A100 (8.0): the GPU mode at the real widths with `fp8` False (the chapters skip
+    their FP8 cells); a V100 (7.0), which tl.dot does not serve: one clear error, and the
+    interpreter only when the reader asks for it."""
+    import os
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    monkeypatch.delenv("KIMI_BOOK_MODE", raising=False)
+    monkeypatch.setattr(measure, "_agreed", lambda mode: mode)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-80GB")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
-    with pytest.raises(RuntimeError, match="A100.*compute capability 8.0.*no FP8 tensor cores.*"
+    mode = measure.book_mode()
+    assert (mode.gpu, mode.rehearsal, mode.fp8, mode.device) == (True, False, False,
+                                                                 torch.device("cuda"))
+    assert "A100" in mode.reason and "W8A16 cells run" in mode.reason
+    assert mode.pick(cpu=1, gpu=2) == 2 and "e4m3" in mode.skipped
+    assert "TRITON_INTERPRET" not in os.environ
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 9))
+    assert measure.book_mode().fp8
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "Tesla V100-SXM2-16GB")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 0))
+    with pytest.raises(RuntimeError, match=r"V100.*compute capability 7\.0.*7\.5 or more.*"
                                            "set TRITON_INTERPRET=1"):
         measure.book_mode()
-    import os
     assert "TRITON_INTERPRET" not in os.environ              # it did not switch by itself
     monkeypatch.setenv("TRITON_INTERPRET", "1")              # the reader asks for it
-    monkeypatch.setattr(measure, "_agreed", lambda mode: mode)
     mode = measure.book_mode()
-    assert not mode.gpu and "TRITON_INTERPRET=1 is set" in mode.reason and "A100" in mode.reason
+    assert not mode.gpu and "TRITON_INTERPRET=1 is set" in mode.reason and "V100" in mode.reason
+
+
+def test_the_w8a16_rehearsal_runs_the_gpu_code_without_the_fp8_cells():
+    p = run_fresh("from kimi_mlp.measure import book_mode; m = book_mode(); "
+                  "print(m.gpu, m.rehearsal, m.fp8, m.device, m.pick(cpu=1, gpu=2)); "
+                  "print(m.reason)", KIMI_BOOK_MODE="rehearsal-w8a16")
+    assert p.returncode == 0, p.stderr
+    first, reason = p.stdout.splitlines()
+    assert first == "True True False cpu 1" and "CPU, as a GPU without e4m3 runs it" in reason
 
 
 def test_run_notebook_keeps_outputs_and_stops_at_the_first_error(tmp_path):
@@ -114,6 +137,30 @@ def test_gpu_report_smoke_rehearses_chapters_7_to_9(tmp_path):
     text = "".join(o.get("text", "") for c in nb["cells"] if c["cell_type"] == "code"
                    for o in c["outputs"])
     assert "a rehearsal of the GPU code" in text and "ran, not timed" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's rehearsal")
+def test_chapters_7_to_9_run_as_a_gpu_without_e4m3_runs_them(tmp_path):
+    """KIMI_BOOK_MODE=rehearsal-w8a16: chapters 7 to 9 as a T4 or an A100 runs them, through
+    the interpreter at the small widths. Every cell that tests MODE.fp8 prints MODE.skipped
+    and no other does; every other cell runs, the W8A16 checks among them, so no W8A16
+    cell depends on a skipped one. No time limit: the machine's load cannot fail it."""
+    import re
+    skipped = measure.BookMode(True, torch.device("cpu"), "", fp8=False).skipped
+    guard = re.compile(r"^(if|elif) .*MODE\.fp8.*:", re.M)
+    ran = {"07_kernels.ipynb": "vs the w8a16 reference within",
+           "08_fused_mlp.ipynb": "w8a16,  float16, M = 7", "09_benchmarks.ipynb": "floors:"}
+    for name, w8a16_line in ran.items():
+        r = report.run_notebook(report._package_dir().parent / "book" / name,
+                                tmp_path / name, env={"KIMI_BOOK_MODE": "rehearsal-w8a16"})
+        assert r["failed"] is None, (name, r["failed"])
+        cells = [c for c in json.loads((tmp_path / name).read_text())["cells"]
+                 if c["cell_type"] == "code"]
+        text = ["".join(o.get("text", "") for o in c["outputs"]) for c in cells]
+        guarded = [bool(guard.search("".join(c["source"]))) for c in cells]
+        assert [skipped in t for t in text] == guarded, name
+        assert sum(guarded) >= {"09_benchmarks.ipynb": 0}.get(name, 4)
+        assert any(w8a16_line in t for t in text), name
 
 
 def test_gpu_report_refuses_without_a_gpu(capsys):
