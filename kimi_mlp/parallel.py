@@ -598,11 +598,14 @@ def main(argv=None) -> int:
 def _check_impl(impl: str, device: torch.device) -> None:
     """`--impl fused` runs chapter 8's FP8 kernels: a GPU without an e4m3 type (below
     compute capability 8.9) is refused in one line, before any weight is read."""
-    from kimi_mlp.measure import gpu_refusal
-    refused = impl == "fused" and device.type == "cuda" and gpu_refusal(device)
-    if refused:
-        raise ValueError(f"--impl: expected 'torch' on this GPU, got 'fused': {refused}. "
-                         "--impl torch runs chapter 5's w8a8 arithmetic there")
+    if impl == "fused" and device.type == "cuda" \
+            and kernels.device_arch(device) in kernels.W8A16_ARCHS:
+        cap = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        raise ValueError(f"--impl: expected 'torch' on this GPU, got 'fused': "
+                         f"{torch.cuda.get_device_name(device)} ({device}) has compute "
+                         f"capability {cap} and no e4m3 type, which chapter 8's "
+                         "FP8 kernels need (8.9 or more); --impl torch runs chapter "
+                         "5's w8a8 arithmetic there")
 
 # %% ../book/10_parallel.ipynb #b2381063
 def _run_check(args, rank: int, world: int, local_rank: int, local_world: int) -> int:
