@@ -1,7 +1,7 @@
 """kimi-mlp: Kimi K2's dense feed-forward block, from scratch.
 
 The modules are exported from the book's notebooks (book/*.ipynb) with nbdev; this file, written
-by hand, gathers the public API. Modules that need Triton (kernels, fused, parallel) are not imported here:
+by hand, gathers the public API. Modules that need Triton (kernels, fused, parallel, hf) are not imported here:
 `import kimi_mlp` needs only torch, safetensors and numpy.
 """
 from .safetensors_io import CheckpointError, read_safetensors_header
@@ -23,7 +23,9 @@ __version__ = "0.1.0"
 _LAZY = {"FusedFp8DenseMLP": "fused", "fused_ffn_block": "fused",
          # the block across ranks (chapter 10); torch.distributed, and Triton for "fused"
          "TensorParallelFFN": "parallel", "load_dense_shard": "parallel",
-         "tp_ffn_block": "parallel"}
+         "tp_ffn_block": "parallel",
+         # inside a Hugging Face DeepseekV3 model (chapter 11); Triton for "fused"
+         "fuse_ffn": "hf", "FusedMLP": "hf"}
 
 
 def __getattr__(name):

@@ -22,6 +22,8 @@ PUBLIC_API = [
     "FusedFp8DenseMLP", "fused_ffn_block",
     # issue 15 (imported lazily: chapter 10's module imports the kernels)
     "TensorParallelFFN", "load_dense_shard", "tp_ffn_block",
+    # issue 21 (imported lazily: chapter 11's module imports the kernels)
+    "fuse_ffn", "FusedMLP",
 ]
 
 
@@ -95,7 +97,7 @@ def test_the_import_graph_has_no_cycle():
 #: rest on first (appendix A's reader, appendix C's tile tables), and appendix B's command
 #: line, which chapter 10's command extends.
 TEACHING = ("safetensors_io", "tiles", "config", "rmsnorm", "block", "swiglu", "fp8",
-            "checkpoint", "cli", "kernels", "fused", "bench", "parallel")
+            "checkpoint", "cli", "kernels", "fused", "bench", "parallel", "hf")
 
 
 def test_teaching_modules_import_only_earlier_chapters():
