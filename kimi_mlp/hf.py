@@ -331,7 +331,7 @@ def save_fp8_ffn(model: nn.Module, path) -> Path:
     `quantize_weight_blockwise`; `config.json` and one `model.safetensors` (no pickle).
     For examples and tests: a real checkpoint comes quantized."""
     from safetensors.torch import save_file
-    config, (prefix, layers) = fp8_config(model.config), decoder_layers(model)
+    config, (_, layers) = fp8_config(model.config), decoder_layers(model)
     tensors = {}
     for i, layer in enumerate(layers):
         p = f"model.layers.{i}."
