@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from .block import ResidualBlock
@@ -159,7 +160,11 @@ def _save(tmp: Path, files: list[str], shards: list[dict], config: KimiK2Config,
         tensors = shards.pop(0)                                       # freed as we go
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         say(f"writing {fname}: {len(tensors)} tensors, {nbytes / 2**20:.1f} MiB")
-        save_file(tensors, str(tmp / fname), metadata={"format": "pt"})
+        try:
+            save_file(tensors, str(tmp / fname), metadata={"format": "pt"})
+        except SafetensorError as e:    # its I/O errors (a full disk): an OSError here
+            raise OSError(f"{fname}: cannot write the shard into {tmp.parent} "
+                          f"({e})") from None
         weight_map.update(dict.fromkeys(tensors, fname))
         total += nbytes
     if files != [SINGLE_FILE]:

@@ -433,8 +433,26 @@ class _Terminated(BaseException):
     "SIGTERM or SIGHUP arrived while a checkpoint was being written."
 
 
+#: While a writer commits (renames its finished directory), SIGTERM and SIGHUP wait here
+#: instead of interrupting it: [signal numbers that arrived].
+_HELD: list[int] | None = None
+
+
 def _raise_terminated(signum, frame):
+    if _HELD is not None:                  # committing: the signal waits for the end
+        _HELD.append(signum)
+        return
     raise _Terminated(signum)
+
+
+def _hold_terminating_signals(hold: bool) -> int | None:
+    """Hold (True) SIGTERM and SIGHUP that arrive, instead of raising, or stop holding
+    them (False), returning the first one held, if any. Python runs signal handlers in
+    the main thread whichever thread received the signal, so a flag the handler reads
+    is what holds them; blocking them in one thread would not."""
+    global _HELD
+    held, _HELD = _HELD, ([] if hold else None)
+    return held[0] if held else None
 
 
 @contextlib.contextmanager
@@ -514,13 +532,20 @@ def atomic_directory(path, log=None):
             for f in tmp.iterdir():
                 f.chmod(0o666 & ~mask)
             tmp.chmod(0o777 & ~mask)
+            _hold_terminating_signals(True)    # from here the commit is not interrupted
             os.rename(tmp, path)       # atomic; replaces `path` if it is an empty dir
         except BaseException:
+            held = _hold_terminating_signals(False)
             shutil.rmtree(tmp, ignore_errors=True)
+            if held is not None:               # the rename failed, and a signal came
+                raise _Terminated(held) from None
             raise
         finally:
             if lock is not None:
                 os.close(lock)
+    held = _hold_terminating_signals(False)    # the default handlers are back: a
+    if held is not None:                       # signal that came meanwhile ends the
+        os.kill(os.getpid(), held)             # process now, the checkpoint in place
 
 # %% ../book/appendix_a_safetensors.ipynb #865deb5c
 RESERVED_NAMES = ("__metadata__",)   # the header's metadata entry (safetensors format)

@@ -299,3 +299,43 @@ def test_8_the_no_cuda_refusals_say_error(name, capsys, tmp_path):
     assert _mains()[name](argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {name}: no CUDA device") and err.count("\n") == 1
+
+
+def test_6_a_full_disk_in_the_shard_write_is_one_line_and_leaves_nothing(tmp_path, capsys,
+                                                                         monkeypatch):
+    from safetensors import SafetensorError
+
+    import kimi_mlp.checkpoint as ck
+    from kimi_mlp.cli import main
+
+    def full(*args, **kwargs):
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: '
+                              'StorageFull, message: "No space left on device" })')
+
+    monkeypatch.setattr(ck, "save_file", full)
+    assert main(["synth", str(tmp_path / "ckpt")]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: model-1-of-1.safetensors: cannot write")
+    assert "No space left on device" in err and list(tmp_path.iterdir()) == []
+
+
+def test_6_sigterm_at_the_commit_keeps_the_finished_checkpoint_and_prints_nothing(tmp_path):
+    """A SIGTERM that lands as the writer renames its finished directory: the process still
+    dies of it, after the rename, with no traceback, and the checkpoint is complete."""
+    import signal
+    import subprocess
+    import sys
+    script = (
+        "import os, signal, sys\n"
+        "real = os.rename\n"
+        "def rename(a, b):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    real(a, b)\n"
+        "os.rename = rename\n"
+        "from kimi_mlp.cli import main\n"
+        "sys.exit(main(['synth', sys.argv[1]]))\n")
+    r = subprocess.run([sys.executable, "-c", script, str(tmp_path / "ckpt")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGTERM and "Traceback" not in r.stderr, r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert load_dense_block(tmp_path / "ckpt").config.hidden_size == 256
