@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from .block import ResidualBlock
@@ -28,7 +29,7 @@ from .safetensors_io import (
     read_layout, read_safetensors_layout, resolve_tensor_files, shard_file_names)
 
 # %% auto #0
-__all__ = ['KIMI_SHARD_NAME', 'K2_0905_SHARD_NAME', 'SMALL_CONFIG', 'SCALE_RANGE', 'CHECK_ORACLES', 'CHECK_BOUNDS',
+__all__ = ['KIMI_SHARD_NAME', 'K2_0905_SHARD_NAME', 'GAIN_DTYPES', 'SMALL_CONFIG', 'SCALE_RANGE', 'CHECK_ORACLES', 'CHECK_BOUNDS',
            'dense_block_tensors', 'synthetic_weight', 'synthetic_norm_gain', 'synthetic_shards',
            'write_synthetic_checkpoint', 'read_tensors', 'load_dense_block', 'dense_block_float64',
            'dense_block_w8a8_float64', 'relative_error']
@@ -39,12 +40,16 @@ K2_0905_SHARD_NAME = "model-{i:05d}-of-{n:06d}.safetensors"  # 0905: model-00001
 _DTYPE_CODES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 
 
+#: The dtypes a norm gain may have (`torch_dtype`): real floating types that safetensors
+#: stores and RMSNorm computes in; no FP8 format (a gain is not block-scaled).
+GAIN_DTYPES = ("bfloat16", "float16", "float32")
+
+
 def _norm_dtype(config: KimiK2Config) -> torch.dtype:
-    dtype = getattr(torch, str(config.torch_dtype), None)
-    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-        raise ValueError(f"config.torch_dtype: expected a floating torch dtype name "
-                         f"such as 'bfloat16', got {config.torch_dtype!r}")
-    return dtype
+    if config.torch_dtype not in GAIN_DTYPES:
+        raise ValueError(f"config.torch_dtype: expected one of {GAIN_DTYPES} (the norm "
+                         f"gain's dtype), got {config.torch_dtype!r:.40}")
+    return getattr(torch, config.torch_dtype)
 
 # %% ../book/06_checkpoint.ipynb #7b5d5525
 def dense_block_tensors(config: KimiK2Config, layer: int = 0
@@ -61,6 +66,14 @@ def dense_block_tensors(config: KimiK2Config, layer: int = 0
                          "(quant_method 'fp8', fmt 'e4m3'), got quant_method "
                          f"{config.quant_method!r}, fmt {config.fmt!r}, "
                          f"weight_block_size {bs!r}")
+    if tuple(bs) != (128, 128):                   # before any size depends on it
+        raise ValueError(f"config.weight_block_size: expected [128, 128] (Kimi K2's, and "
+                         "what the w8a8 forward's 1 x 128 activation groups and the "
+                         f"kernels need), got {list(bs)}")
+    if config.activation_scheme != "dynamic":     # static input scales: none read here
+        raise ValueError("config.activation_scheme: expected 'dynamic' (activation "
+                         "scales computed per token at run time, as every forward here "
+                         f"does), got {config.activation_scheme!r}")
     p = f"model.layers.{layer}."
     gain = (_norm_dtype(config), (config.hidden_size,))
     specs = {p + "post_attention_layernorm.weight": gain}
@@ -147,7 +160,11 @@ def _save(tmp: Path, files: list[str], shards: list[dict], config: KimiK2Config,
         tensors = shards.pop(0)                                       # freed as we go
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
         say(f"writing {fname}: {len(tensors)} tensors, {nbytes / 2**20:.1f} MiB")
-        save_file(tensors, str(tmp / fname), metadata={"format": "pt"})
+        try:
+            save_file(tensors, str(tmp / fname), metadata={"format": "pt"})
+        except SafetensorError as e:    # its I/O errors (a full disk): an OSError here
+            raise OSError(f"{fname}: cannot write the shard into {tmp.parent} "
+                          f"({e})") from None
         weight_map.update(dict.fromkeys(tensors, fname))
         total += nbytes
     if files != [SINGLE_FILE]:
@@ -199,7 +216,7 @@ def _tensor_entry(header: dict, file: Path, name: str, want):
     dtype, shape = SAFETENSORS_DTYPES[entry["dtype"]], tuple(entry["shape"])
     if want is not None and dtype != want[0]:
         raise CheckpointError(f"{file}: tensor {name!r}: expected dtype "
-                              f"{_DTYPE_CODES[want[0]]} ({want[0]}), "
+                              f"{_DTYPE_CODES.get(want[0], want[0])} ({want[0]}), "
                               f"got {entry['dtype']}")
     if want is not None and shape != tuple(want[1]):
         raise CheckpointError(f"{file}: tensor {name!r}: expected shape "
@@ -265,9 +282,26 @@ _F32 = torch.finfo(torch.float32)
 SCALE_RANGE = (_F32.tiny, _F32.max / FP8_MAX)      # [2^-126, FLT_MAX / 448]
 
 
-def _check_values(file: Path, name: str, t: torch.Tensor) -> None:
-    "The gain finite; block scales in `SCALE_RANGE` (NaN is outside), naming the block."
-    if name.endswith("_scale_inv"):
+def _check_nan_codes(file: Path, name: str, t: torch.Tensor, origin=(0, 0)) -> None:
+    """No e4m3 NaN code (0x7F, 0xFF) in weight `t`, naming the first one's element and its
+    128 x 128 block; `origin`: where `t` starts in the whole tensor (a slice of it)."""
+    nan = (t.view(torch.uint8) & 0x7F) == 0x7F
+    if nan.any():
+        r, c = (int(i) + o for i, o in zip(nan.nonzero()[0], origin))
+        code = int(t.view(torch.uint8)[r - origin[0], c - origin[1]])
+        raise CheckpointError(
+            f"{file}: tensor {name!r}: element [{r}, {c}] (block ({r // 128}, "
+            f"{c // 128})) holds the e4m3 NaN code {code:#04x}, which no quantizer "
+            "writes; expected finite codes (keep_nan_codes=True keeps them)")
+
+
+def _check_values(file: Path, name: str, t: torch.Tensor,
+                  keep_nan_codes: bool = False) -> None:
+    """The gain finite; block scales in `SCALE_RANGE` (NaN is outside), naming the block;
+    weight codes finite unless `keep_nan_codes`."""
+    if t.dtype == torch.float8_e4m3fn and not keep_nan_codes:
+        _check_nan_codes(file, name, t)
+    elif name.endswith("_scale_inv"):
         lo, hi = SCALE_RANGE
         bad = ~((t >= lo) & (t <= hi))
         if bad.any():
@@ -292,7 +326,8 @@ def _check_layer(config: KimiK2Config, layer) -> None:
 
 # %% ../book/06_checkpoint.ipynb #5a31ebb2
 def load_dense_block(checkpoint_dir, layer: int = 0, config: KimiK2Config | None = None,
-                     device="cpu", mode: str = "w8a16") -> ResidualBlock:
+                     device="cpu", mode: str = "w8a16",
+                     keep_nan_codes: bool = False) -> ResidualBlock:
     """Load the FFN half of dense block `layer` from a Kimi K2 (DeepSeek-V3 format) FP8
     checkpoint.
 
@@ -301,7 +336,8 @@ def load_dense_block(checkpoint_dir, layer: int = 0, config: KimiK2Config | None
     Fp8DenseMLP)`: h [..., hidden] bf16 -> [..., hidden] bf16, on `device`, with
     `block.config` set. Reads only the seven tensors it needs; never unpickles; never
     writes to `checkpoint_dir`. Raises CheckpointError naming the file and tensor for a
-    checkpoint that is incomplete, inconsistent, corrupt or unsafe.
+    checkpoint that is incomplete, inconsistent, corrupt or unsafe, a weight code that is
+    e4m3's NaN among them unless `keep_nan_codes`.
     """
     root, _ = checkpoint_root(checkpoint_dir)
     if config is None:
@@ -312,7 +348,7 @@ def load_dense_block(checkpoint_dir, layer: int = 0, config: KimiK2Config | None
     for file, names in resolve_tensor_files(root, specs).items():
         tensors.update(read_tensors(file, {name: specs[name] for name in names}))
         for name in names:
-            _check_values(file, name, tensors[name])
+            _check_values(file, name, tensors[name], keep_nan_codes)
     prefix = f"model.layers.{layer}."
     state = {name.removeprefix(prefix): t for name, t in tensors.items()}
     with torch.device("meta"):

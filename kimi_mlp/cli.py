@@ -105,6 +105,10 @@ def main(argv=None) -> int:
     except (CheckpointError, ValueError, TypeError, OSError) as e:   # bad input: a line
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
+    except MemoryError as e:             # a consistent checkpoint larger than memory
+        print(f"error: out of memory: {str(e).strip() or 'an allocation failed'}",
+              file=sys.stderr, flush=True)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         return 130

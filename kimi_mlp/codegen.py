@@ -550,7 +550,8 @@ def _workloads(text: str) -> tuple[str, ...]:
 def main(argv=None) -> int:
     """`python -m kimi_mlp inspect [--arch sm_89] [--m 1,16,4096] [--json FILE]`; the
     exit status."""
-    p = argparse.ArgumentParser(
+    from kimi_mlp.cli import _Parser
+    p = _Parser(                 # one-line usage errors
         prog="python -m kimi_mlp inspect",
         description="Compile the fused FFN block's Triton kernels for a GPU family "
                     "(Turing sm_75 to Blackwell sm_100 and sm_120), no GPU needed, and "

@@ -48,9 +48,12 @@ class FfnTensors:
 
 # %% ../book/08_fused_mlp.ipynb #7c6a1d2e
 def _computes_rms_norm(norm: nn.Module, gain: torch.Tensor, eps: float) -> bool:
-    "Whether `norm` gives `rms_norm(x, gain, eps)` bit for bit on a seeded bf16 probe."
+    """Whether `norm` gives `rms_norm(x, gain, eps)` bit for bit on a seeded bf16 probe:
+    64 tokens at scales from 1e-3 to 1e3, the first all zero."""
     g = torch.Generator(device=gain.device).manual_seed(0)
-    x = torch.randn(4, gain.shape[0], generator=g, device=gain.device)
+    x = torch.randn(64, gain.shape[0], generator=g, device=gain.device)
+    x = x * torch.logspace(-3, 3, 64, device=gain.device)[:, None]
+    x[0] = 0.0
     x = x.to(torch.bfloat16)
     with torch.no_grad():
         y = norm(x)
@@ -69,7 +72,7 @@ def _checked_norm(norm: nn.Module) -> tuple[torch.Tensor, float]:
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
         raise ValueError(f"block.post_attention_layernorm.eps: expected a number >= 0, "
                          f"got {eps!r}")
-    if not isinstance(norm, RMSNorm) and not _computes_rms_norm(norm, gain, float(eps)):
+    if type(norm) is not RMSNorm and not _computes_rms_norm(norm, gain, float(eps)):
         raise TypeError("block.post_attention_layernorm: expected kimi_mlp's RMSNorm "
                         "(or a module whose output is rms_norm's, bit for bit, which "
                         "the kernels compute), got "
@@ -268,12 +271,22 @@ def _weights_and_launches(t: FfnTensors, mode: str) -> tuple:
     return (*kernels._weight_operands(t.gate, t.up),
             *kernels._weight_operands(t.down)), _ffn_launches
 
+# %% ../book/08_fused_mlp.ipynb #22db593c
+def _fingerprint(module: nn.Module) -> tuple:
+    """What `_CheckedOnce` built its cache from, as it is now: the norm's eps and, for
+    each of the seven tensors, the object, its address and its shape."""
+    norm, mlp = module.post_attention_layernorm, module.mlp
+    tensors = (norm.weight, *(t for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+                              for t in (p.weight, p.weight_scale_inv)))
+    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
+    return (eps, *((id(t), t.data_ptr(), t.shape) for t in tensors))
+
 # %% ../book/08_fused_mlp.ipynb #c61f2a9d
 class _CheckedOnce(nn.Module):
     """What `FusedFp8DenseMLP` keeps between calls: the block's two submodules (shared),
     its tensors checked (`_t`), the launches and the weights as they read them
-    (`_weights`: TMA descriptors, built once), and per token count the plans and
-    intermediates (`_per_m`) and CUDA graphs (`_graphs`)."""
+    (`_weights`: TMA descriptors, built once), per token count the plans and scratch
+    (`_per_m`) and CUDA graphs (`_graphs`), and the block's `_fingerprint` (`_seen`)."""
 
     def __init__(self, block: nn.Module, mode: str | None = None, act_dtype=None):
         super().__init__()
@@ -294,7 +307,7 @@ class _CheckedOnce(nn.Module):
         self.hidden_size, self.intermediate_size = t.hidden_size, t.intermediate_size
         self.mode, self.act_dtype = _choose_mode(t.norm_weight.device, *self._asked)
         self._weights, self._launches = _weights_and_launches(t, self.mode)
-        self._graphs, self._per_m = {}, {}
+        self._graphs, self._per_m, self._seen = {}, {}, _fingerprint(self)
 
     def _apply(self, fn, *args, **kwargs):                   # .to(), .cuda(), ...
         super()._apply(fn, *args, **kwargs)
@@ -311,13 +324,13 @@ class _CheckedOnce(nn.Module):
 
 # %% ../book/08_fused_mlp.ipynb #6e2f9b48
 class FusedFp8DenseMLP(_CheckedOnce):
-    """The FFN half of Kimi K2's dense block in fused Triton launches: the module form
-    of `fused_ffn_block`. Built from a `ResidualBlock(RMSNorm, Fp8DenseMLP)` as
-    `load_dense_block` returns it; shares that block's `post_attention_layernorm` and
-    `mlp` (no copies), so the state_dict keys are the checkpoint's. Checks the tensors
-    once; forward(h: [B, T, d] or [M, d] bf16) checks only h and launches. `mode`,
-    `act_dtype`: the FP8 launches ("w8a8") or the W8A16 ones ("w8a16", activations
-    bf16 or fp16); None picks by GPU family (`_choose_mode`)."""
+    """The FFN half of Kimi K2's dense block in fused Triton launches, the module form
+    of `fused_ffn_block`, from a `ResidualBlock(RMSNorm, Fp8DenseMLP)` as
+    `load_dense_block` returns it, sharing its submodules (no copies: the state_dict
+    keys are the checkpoint's). Checks the block once, and again when it changed;
+    forward(h: [B, T, d] or [M, d] bf16). `mode`, `act_dtype`: the FP8 launches
+    ("w8a8") or the W8A16 ones ("w8a16", activations bf16 or fp16); None picks by
+    GPU family (`_choose_mode`)."""
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir, layer: int = 0, device="cpu", **modes):
@@ -327,9 +340,9 @@ class FusedFp8DenseMLP(_CheckedOnce):
         return cls(block, **modes)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        d = self.hidden_size
-        _check_hidden(h, d, self._t.norm_weight.device)
-        rows = h if h.dim() == 2 else h.reshape(-1, d)
+        self._seen == _fingerprint(self) or self._bind()   # the block changed: again
+        _check_hidden(h, self.hidden_size, self._t.norm_weight.device)
+        rows = h if h.dim() == 2 else h.reshape(-1, self.hidden_size)
         m = rows.shape[0]
         if m == 0:
             return h.clone()
@@ -341,6 +354,7 @@ class FusedFp8DenseMLP(_CheckedOnce):
 
     def capture_graphs(self, ms=(1, 2, 4, 8, 16, 32, 64)) -> "FusedFp8DenseMLP":
         "A CUDA graph per token count in `ms`; forward replays them (see `_capture`)."
+        self._seen == _fingerprint(self) or self._bind()
         self._graphs.update({m: _capture(self, m) for m in ms})
         return self
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ['GPUCHECK_BOUNDS', 'TENSOR_CORE_CHECKS', 'GPUCHECK_M', 'GPUCHECK_HEADER', 'GPUCHECK_SMOKE_M', 'dequantized_weights', 'torch_bf16_ffn', 'checked_launches', 'normed_and_quantized', 'check_block_once', 'w8a16_bounds', 'check_w8a16_once', 'rounding_outputs', 'native_matches_integer', 'time_block', 'gpucheck_main']
+__all__ = ['GPUCHECK_BOUNDS', 'TENSOR_CORE_CHECKS', 'GPUCHECK_M', 'GPUCHECK_HEADER', 'GPUCHECK_SMOKE_M', 'MAX_M', 'dequantized_weights', 'torch_bf16_ffn', 'checked_launches', 'normed_and_quantized', 'check_block_once', 'w8a16_bounds', 'check_w8a16_once', 'rounding_outputs', 'native_matches_integer', 'time_block', 'gpucheck_main']
 
 # %% ../book/appendix_c_measuring.ipynb #beab2755
 # kimi_mlp.gpu_check: the fused block at the real shapes against its references.
@@ -210,19 +210,25 @@ GPUCHECK_HEADER = {
 GPUCHECK_SMOKE_M = (1, 3, 17)
 
 
+#: The most tokens a command line takes (--m): 2^17, whose [M, 18432] bf16 intermediate
+#: alone is 4.8 GB; the value is checked before anything is sized by it.
+MAX_M = 2**17
+
+
 def _parse_m(text: str) -> tuple[int, ...]:
     try:
         ms = tuple(int(s) for s in text.split(","))
     except ValueError:
         ms = ()
-    if not ms or min(ms) < 1:
-        raise argparse.ArgumentTypeError("expected comma-separated positive ints such "
-                                         f"as 1,16,128, got {text!r}")
+    if not ms or min(ms) < 1 or max(ms) > MAX_M:
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints in [1, {MAX_M}] "
+                                         f"such as 1,16,128, got {text!r:.60}")
     return ms
 
 
 def _gpucheck_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    from kimi_mlp.cli import _Parser
+    p = _Parser(                 # one-line usage errors
         prog="python -m kimi_mlp.gpucheck",
         description="Check the fused FP8 FFN block on a GPU at Kimi K2's real shapes "
                     "and time it against torch bf16 on dequantized weights.")
@@ -364,7 +370,7 @@ def gpucheck_main(argv=None) -> int:
     args = _gpucheck_parser().parse_args(argv)
     refused = _gpucheck_refusal(args.cpu_smoke, args.path)
     if refused:
-        print(f"gpucheck: {refused}", file=sys.stderr)
+        print(f"error: gpucheck: {refused}", file=sys.stderr)
         return 2
     cuda = torch.cuda.is_available()
     device, timed = ("cuda" if cuda else "cpu"), cuda and not args.cpu_smoke

@@ -552,7 +552,8 @@ def run_bench(args: argparse.Namespace) -> int:
     --cpu-smoke)."""
     if not torch.cuda.is_available() and not args.cpu_smoke:
         print(
-            "bench: no CUDA device. The benchmark times kernels on a GPU; `--cpu-smoke`"
+            "error: bench: no CUDA device. The benchmark times kernels on a GPU; "
+            "`--cpu-smoke`"
             " checks the harness at tiny shapes through the Triton interpreter (and"
             " times nothing).",
             file=sys.stderr,
@@ -561,7 +562,7 @@ def run_bench(args: argparse.Namespace) -> int:
     refused = None if args.cpu_smoke else gpu_refusal(torch.device("cuda"),
                                                        fp8=args.path == "w8a8")
     if refused:
-        print(f"bench: {refused}", file=sys.stderr)
+        print(f"error: bench: {refused}", file=sys.stderr)
         return 2
     out = args.out
     if out is None:
@@ -612,7 +613,8 @@ def run_bench(args: argparse.Namespace) -> int:
 def main(argv=None) -> int:
     """`python -m kimi_mlp bench [options]`. Returns
     the exit status."""
-    p = argparse.ArgumentParser(
+    from kimi_mlp.cli import _Parser
+    p = _Parser(                 # one-line usage errors
         prog="python -m kimi_mlp bench",
         description=(
             "Time the FFN half of Kimi K2's dense block on a GPU: torch "

@@ -17,7 +17,8 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from . import kernels  # imported first: the interpreter when there is no GPU
-from .checkpoint import (SCALE_RANGE, _check_layer, _check_values, _empty_bytes,
+from .checkpoint import (SCALE_RANGE, _check_layer, _check_nan_codes,
+                                 _check_values, _empty_bytes,
                                  _norm_dtype, _readinto_exactly, _tensor_entry,
                                  dense_block_tensors)
 from .config import KimiK2Config
@@ -272,8 +273,8 @@ def _check_scale_window(file, name: str, t: torch.Tensor, window) -> None:
 
 # %% ../book/10_parallel.ipynb #0c963318
 def load_dense_shard(checkpoint_dir, rank: int, world_size: int, layer: int = 0,
-                     config: KimiK2Config | None = None,
-                     device="cpu") -> TensorParallelFFN:
+                     config: KimiK2Config | None = None, device="cpu",
+                     keep_nan_codes: bool = False) -> TensorParallelFFN:
     """Load rank `rank`'s slice of dense block `layer` (`shard_windows`), reading only
     its bytes: the index, config and headers as chapter 6 reads and checks them, then
     each window with positional reads. `shard.bytes_read`: the tensor bytes read."""
@@ -294,8 +295,11 @@ def load_dense_shard(checkpoint_dir, rank: int, world_size: int, layer: int = 0,
                                  windows[name])
                 if name.endswith("_scale_inv"):
                     _check_scale_window(file, name, t, windows[name])
+                elif dtype == torch.float8_e4m3fn and not keep_nan_codes:
+                    _check_nan_codes(file, name, t, tuple(w.start or 0
+                                                          for w in windows[name]))
                 else:
-                    _check_values(file, name, t)          # the gain: finite
+                    _check_values(file, name, t, keep_nan_codes)   # the gain: finite
                 tensors[name.removeprefix(prefix)] = t
     shard = TensorParallelFFN(tensors, rank, world_size, config.intermediate_size,
                               config.rms_norm_eps)
@@ -437,11 +441,13 @@ def tp_rank_run(rank, world_size, device, checkpoint_dir, tokens, seed, impl,
     return out
 
 # %% ../book/10_parallel.ipynb #a1597571
-def single_rank_reference(checkpoint_dir, h: torch.Tensor, impl: str) -> dict:
-    """The unsharded block on h's device: chapter 6's loader, `ffn_partial` on all of F,
-    `out = bf16(h + bf16(y))`, and `abs_terms`, the sum_k |t_k| the bound is made of."""
+def single_rank_reference(checkpoint_dir, h: torch.Tensor, impl: str,
+                          layer: int = 0) -> dict:
+    """The unsharded dense block `layer` on h's device: chapter 6's loader,
+    `ffn_partial` on all of F, `out = bf16(h + bf16(y))`, and `abs_terms`, the sum_k
+    |t_k| the bound is made of."""
     from kimi_mlp.checkpoint import load_dense_block
-    block = load_dense_block(checkpoint_dir, device=h.device)
+    block = load_dense_block(checkpoint_dir, layer=layer, device=h.device)
     ref = ffn_partial(h, ffn_tensors(block), impl)
     ref["out"] = ref["y"].to(torch.bfloat16) + h
     down = block.mlp.down_proj
@@ -501,6 +507,10 @@ def _launch_env() -> tuple[int, int, int, int]:
             raise ValueError(f"{name}: expected a non-negative int (torchrun sets it), "
                              f"got {text!r}")
         values.append(int(text))
+    for (name, value), bound in zip(zip(names[::2], values[::2]), values[1::2]):
+        if value >= bound:                 # else that rank would wait, and say nothing
+            raise ValueError(f"{name}: expected an int in [0, {bound}) (below "
+                             f"{names[names.index(name) + 1]}={bound}), got {value}")
     return tuple(values)
 
 # %% ../book/10_parallel.ipynb #0877e587
@@ -519,25 +529,37 @@ def _device(local_rank: int, local_world: int) -> torch.device:
 
 def _all_ranks_ok(error: str | None, rank: int) -> bool:
     """Whether no rank has an error. If some have, rank 0 prints each different one
-    once, and every rank waits for that before it goes on (to exit)."""
+    once, naming the ranks it came from, and every rank waits for that before it goes
+    on (to exit)."""
     errors = [None] * dist.get_world_size()
     dist.all_gather_object(errors, error)           # objects travel on gloo, on the CPU
     if rank == 0:
         for e in dict.fromkeys(e for e in errors if e):
-            print(f"error: {e}", file=sys.stderr, flush=True)
+            ranks = [str(r) for r, other in enumerate(errors) if other == e]
+            who = f"rank{'s' if len(ranks) > 1 else ''} {', '.join(ranks)}"
+            print(f"error: {who}: {e}", file=sys.stderr, flush=True)
     dist.barrier()
     return not any(errors)
 
 # %% ../book/10_parallel.ipynb #bf9157c1
-def _reference_everywhere(checkpoint_dir, h, impl: str, config) -> dict:
-    "Rank 0 runs `single_rank_reference`; every rank receives its results (broadcast)."
+def _reference_everywhere(checkpoint_dir, h, impl: str, config,
+                          layer: int) -> dict | None:
+    """Rank 0 runs `single_rank_reference` of dense layer `layer`; every rank receives
+    its results (broadcast). None on every rank, after rank 0 said why, if it failed."""
     m, d, f = h.shape[0], config.hidden_size, config.intermediate_size
     u8, f32 = torch.uint8, torch.float32
     layout = {"x_fp8": ((m, d), u8), "x_scale": ((m, math.ceil(d / QUANT_BLOCK)), f32),
               "p_fp8": ((m, f), u8), "p_scale": ((m, f // QUANT_BLOCK), f32),
               "y": ((m, d), f32), "out": ((m, d), torch.bfloat16),
               "abs_terms": ((m, d), torch.float64)}
-    ref = single_rank_reference(checkpoint_dir, h, impl) if dist.get_rank() == 0 else {}
+    ref, error = {}, None
+    if dist.get_rank() == 0:               # its own copy of the block may be broken
+        try:
+            ref = single_rank_reference(checkpoint_dir, h, impl, layer)
+        except (CheckpointError, ValueError, TypeError, OSError) as e:
+            error = f"the unsharded reference: {e}"
+    if not _all_ranks_ok(error, dist.get_rank()):
+        return None
     got = {}
     for name, (shape, dtype) in layout.items():
         if name in ref:
@@ -550,11 +572,14 @@ def _reference_everywhere(checkpoint_dir, h, impl: str, config) -> dict:
 
 # %% ../book/10_parallel.ipynb #a833a0a2
 def _check_loaded(args, shard, rank: int, world: int, device, io: int | None):
-    "Run the block on this rank and compare; returns (ok, this rank's summary line)."
+    """Run the block on this rank and compare; returns (ok, this rank's summary line),
+    or None when the reference failed (every rank agrees; rank 0 said why)."""
     h = seeded_tokens(args.tokens, shard.config.hidden_size, args.seed).to(device)
     parts = {}
     out = tp_ffn_block(h, shard, impl=args.impl, parts=parts)
-    ref = _reference_everywhere(args.dir, h, args.impl, shard.config)
+    ref = _reference_everywhere(args.dir, h, args.impl, shard.config, args.layer)
+    if ref is None:
+        return None
     mine = {k: parts[k] for k in ("x_fp8", "x_scale", "p_fp8", "p_scale")}
     mine.update(features=torch.tensor(shard.features), y_float32=parts["y"],
                 out_float32=out)
@@ -621,9 +646,14 @@ def _run_check(args, rank: int, world: int, local_rank: int, local_world: int) -
         io = None if before is None else rchar() - before
     except (CheckpointError, ValueError, TypeError, OSError) as e:
         error = str(e)
+    except MemoryError as e:               # a slice larger than this rank's memory
+        error = f"out of memory: {str(e).strip() or 'an allocation failed'}"
     if not _all_ranks_ok(error, rank):
         return 1
-    ok, line = _check_loaded(args, shard.to(device), rank, world, device, io)
+    checked = _check_loaded(args, shard.to(device), rank, world, device, io)
+    if checked is None:
+        return 1
+    ok, line = checked
     lines = [None] * world
     dist.all_gather_object(lines, (ok, line))
     passed = all(o for o, _ in lines)

@@ -232,7 +232,8 @@ def _names(choices):
 
 
 def _gpu_report_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    from kimi_mlp.cli import _Parser
+    p = _Parser(                 # one-line usage errors
         prog="python -m kimi_mlp gpu-report",
         description="Everything that needs a GPU: the GPU check at the real shapes, "
                     "chapters 7-9 executed on the GPU, the benchmark sweep; every step "
@@ -350,7 +351,8 @@ def gpu_report_main(argv=None) -> int:
     failed, 2 when refused (no GPU and no --cpu-smoke), 130 when interrupted."""
     args = _gpu_report_parser().parse_args(argv)
     if not torch.cuda.is_available() and not args.cpu_smoke:
-        print("gpu-report: no CUDA device; --cpu-smoke runs the same steps through "
+        print("error: gpu-report: no CUDA device; --cpu-smoke runs the same steps "
+              "through "
               "Triton's CPU interpreter at small shapes", file=sys.stderr)
         return 2
     out = args.out.resolve()

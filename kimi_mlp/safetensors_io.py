@@ -26,9 +26,9 @@ except ImportError:
 
 # %% auto #0
 __all__ = ['INDEX_FILE', 'SINGLE_FILE', 'MAX_INDEX_BYTES', 'SAFETENSORS_DTYPES', 'MAX_HEADER_BYTES', 'MAX_CONFIG_BYTES',
-           'RESERVED_NAMES', 'CheckpointError', 'CheckpointFileNotFoundError', 'as_path', 'open_regular_file',
-           'read_up_to', 'read_small_file', 'parse_json', 'read_json_file', 'checkpoint_file', 'checkpoint_root',
-           'resolve_tensor_files', 'validate_layout', 'read_layout', 'read_safetensors_layout',
+           'WRITER_MARK', 'RESERVED_NAMES', 'CheckpointError', 'CheckpointFileNotFoundError', 'as_path',
+           'open_regular_file', 'read_up_to', 'read_small_file', 'parse_json', 'read_json_file', 'checkpoint_file',
+           'checkpoint_root', 'resolve_tensor_files', 'validate_layout', 'read_layout', 'read_safetensors_layout',
            'read_safetensors_header', 'read_checkpoint_json', 'checkpoint_tensors', 'remove_stale_partials',
            'atomic_directory', 'shard_file_names', 'check_extra_tensors']
 
@@ -361,7 +361,10 @@ def checkpoint_tensors(path) -> list[tuple[str, str, list[int], str]]:
 
 # %% ../book/appendix_a_safetensors.ipynb #7ae22fb7
 _PARTIAL = re.compile(r"\..+\.[a-z0-9_]{8}\.partial")   # mkdtemp(prefix=".NAME.", ...)
-_WRITTEN = re.compile(r".+\.(safetensors|json)")
+#: The file a writer puts first into its temporary directory, and what it holds: only a
+#: directory with it is a writer's to remove.
+WRITER_MARK = ".kimi-mlp-writing"
+_MARK_TEXT = b"kimi-mlp: a checkpoint writer's temporary directory\n"
 _TERMINATING = tuple(getattr(signal, s) for s in ("SIGTERM", "SIGHUP")
                      if hasattr(signal, s))
 
@@ -385,14 +388,24 @@ def _lock(path) -> int | None:
     return None
 
 # %% ../book/appendix_a_safetensors.ipynb #b3d50151
+def _marked(directory: str) -> bool:
+    "Whether `directory` holds the writer's marker: a regular file, with its text."
+    try:
+        fd = os.open(os.path.join(directory, WRITER_MARK), os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    with os.fdopen(fd, "rb") as f:
+        return stat.S_ISREG(os.fstat(fd).st_mode) and f.read(256) == _MARK_TEXT
+
+
 def _left_by_a_writer(entry: os.DirEntry) -> bool:
-    "A directory this module's writer makes: its name, its owner, only its files."
+    """A directory this module's writer made: its name, its owner, its marker, and
+    regular files only (shards, JSON, safetensors' own temporary files)."""
     try:
         st = entry.stat(follow_symlinks=False)
         return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
-                and _PARTIAL.fullmatch(entry.name) is not None
-                and all(c.is_file(follow_symlinks=False) and _WRITTEN.fullmatch(c.name)
-                        for c in os.scandir(entry.path)))
+                and _PARTIAL.fullmatch(entry.name) is not None and _marked(entry.path)
+                and all(c.is_file(follow_symlinks=False) for c in os.scandir(entry.path)))
     except OSError:
         return False
 
@@ -420,8 +433,26 @@ class _Terminated(BaseException):
     "SIGTERM or SIGHUP arrived while a checkpoint was being written."
 
 
+#: While a writer commits (renames its finished directory), SIGTERM and SIGHUP wait here
+#: instead of interrupting it: [signal numbers that arrived].
+_HELD: list[int] | None = None
+
+
 def _raise_terminated(signum, frame):
+    if _HELD is not None:                  # committing: the signal waits for the end
+        _HELD.append(signum)
+        return
     raise _Terminated(signum)
+
+
+def _hold_terminating_signals(hold: bool) -> int | None:
+    """Hold (True) SIGTERM and SIGHUP that arrive, instead of raising, or stop holding
+    them (False), returning the first one held, if any. Python runs signal handlers in
+    the main thread whichever thread received the signal, so a flag the handler reads
+    is what holds them; blocking them in one thread would not."""
+    global _HELD
+    held, _HELD = _HELD, ([] if hold else None)
+    return held[0] if held else None
 
 
 @contextlib.contextmanager
@@ -452,11 +483,15 @@ def _umask() -> int:
 
 
 def _new_partial(parent: Path, name: str) -> tuple[Path, int | None]:
-    "A fresh, locked `.NAME.XXXXXXXX.partial` directory in `parent`, and its lock."
+    """A fresh, locked `.NAME.XXXXXXXX.partial` directory in `parent` with the writer's
+    marker in it, and its lock."""
     while True:
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=parent))
         lock = _lock(tmp)
         if lock is not None or fcntl is None:
+            fd = os.open(tmp / WRITER_MARK, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(_MARK_TEXT)
             return tmp, lock
         # another writer's cleanup took it between mkdtemp and the lock: make another
 
@@ -492,17 +527,25 @@ def atomic_directory(path, log=None):
     with _terminating_signals_raise():
         try:
             yield tmp
+            (tmp / WRITER_MARK).unlink()       # the checkpoint does not carry it
             mask = _umask()
             for f in tmp.iterdir():
                 f.chmod(0o666 & ~mask)
             tmp.chmod(0o777 & ~mask)
+            _hold_terminating_signals(True)    # from here the commit is not interrupted
             os.rename(tmp, path)       # atomic; replaces `path` if it is an empty dir
         except BaseException:
+            held = _hold_terminating_signals(False)
             shutil.rmtree(tmp, ignore_errors=True)
+            if held is not None:               # the rename failed, and a signal came
+                raise _Terminated(held) from None
             raise
         finally:
             if lock is not None:
                 os.close(lock)
+    held = _hold_terminating_signals(False)    # the default handlers are back: a
+    if held is not None:                       # signal that came meanwhile ends the
+        os.kill(os.getpid(), held)             # process now, the checkpoint in place
 
 # %% ../book/appendix_a_safetensors.ipynb #865deb5c
 RESERVED_NAMES = ("__metadata__",)   # the header's metadata entry (safetensors format)

@@ -6,7 +6,6 @@ __all__ = ['TUNE_SHAPES', 'TUNE_M', 'main', 'tile_candidates', 'tune_bucket', 't
 
 # %% ../book/appendix_e_harness.ipynb #21ed7500
 # kimi_mlp.tune: time tile candidates on this GPU and write its tile table.
-import argparse
 import json
 import sys
 import time
@@ -185,7 +184,8 @@ def tune_main(argv=None) -> int:
     (default `./<device>.json`) after every bucket, of the FP8 kernels or, on a GPU
     without e4m3, the W8A16 ones. 0 when written, 2 when refused (no GPU, or one below
     compute capability 7.5)."""
-    p = argparse.ArgumentParser(
+    from kimi_mlp.cli import _Parser
+    p = _Parser(                 # one-line usage errors
         prog="python -m kimi_mlp tune",
         description="Time candidate tile configurations of the fused block's GEMMs on "
                     "this GPU and write its tile table.")
@@ -198,13 +198,13 @@ def tune_main(argv=None) -> int:
     p.add_argument("--git-commit", default=None, help="record this commit")
     args = p.parse_args(argv)
     if not torch.cuda.is_available() or kernels.INTERPRETED:
-        print("tune: no CUDA device with compiled kernels. The sweep times tile "
+        print("error: tune: no CUDA device with compiled kernels. The sweep times tile "
               "configurations on a GPU; without one the tables of chapter 7 apply.",
               file=sys.stderr)
         return 2
     refused = gpu_refusal(torch.device("cuda"), fp8=False)
     if refused:
-        print(f"tune: {refused}", file=sys.stderr)
+        print(f"error: tune: {refused}", file=sys.stderr)
         return 2
     out = args.out or Path(tiles_file_name(torch.cuda.get_device_name()))
 

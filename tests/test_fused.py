@@ -464,3 +464,45 @@ def test_cuda_graph_replays_the_eager_bits():
             for h, ref in zip(hs, eager[m]):              # two inputs: the static buffers
                 assert torch.equal(fused(h), ref), m       # are refilled each replay
         assert torch.equal(fused(inputs[1][0][None]), eager[1][0][None])   # [B, T, d]
+
+
+# ---------------------------------------------------------------- issue 23, item 3: the norm probe
+def test_a_norm_subclass_and_a_norm_right_on_few_rows_are_probed_and_refused():
+    """A subclass of RMSNorm may change its forward (here a (1 + w) gain): it is probed like
+    any other module, not trusted for its class. A module that computes rms_norm on the first
+    rows only is caught by the 64-token probe. A subclass that changes nothing passes."""
+    from kimi_mlp.rmsnorm import rms_norm
+    block = random_dense_block(256, 640, seed=1)
+    gain = block.post_attention_layernorm.weight
+
+    class OnePlus(RMSNorm):
+        def forward(self, x):
+            return rms_norm(x, 1 + self.weight, self.eps)
+
+    class FirstRows(nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner, self.weight, self.eps = inner, inner.weight, inner.eps
+
+        def forward(self, x):
+            y = self.inner(x)
+            y[4:] = 0                              # right on the first four tokens only
+            return y
+
+    class Same(RMSNorm):
+        pass
+
+    def norm_like(cls):
+        norm = cls(256, eps=1e-6, dtype=torch.bfloat16)
+        with torch.no_grad():
+            norm.weight.copy_(gain)
+        return norm
+
+    for bad in (norm_like(OnePlus), FirstRows(block.post_attention_layernorm)):
+        with pytest.raises(TypeError, match=r"block\.post_attention_layernorm: expected "
+                                            r"kimi_mlp's RMSNorm.*whose output differs"):
+            FusedFp8DenseMLP(ResidualBlock(bad, block.mlp))
+    h = torch.randn(3, 256, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    same = ResidualBlock(norm_like(Same), block.mlp)
+    with torch.no_grad():
+        assert torch.equal(FusedFp8DenseMLP(same)(h), fused_ffn_block(h, block))

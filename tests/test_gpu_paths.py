@@ -137,7 +137,7 @@ def test_a_gpu_without_e4m3_gets_the_w8a16_path_and_clear_refusals(fake_gpu, mon
                              (harness.main, "bench", ["--path", "w8a8"])):
         assert main(argv) == 2
         err = capsys.readouterr().err
-        assert err.startswith(f"{name}: NVIDIA A100") and err.count("\n") == 1, err
+        assert err.startswith(f"error: {name}: NVIDIA A100") and err.count("\n") == 1, err
         assert "compute capability 8.0 and no e4m3 type" in err
     assert measure.gpu_refusal(CUDA0).startswith("NVIDIA A100")
     assert measure.gpu_refusal(CUDA0, fp8=False) is None      # the W8A16 sweep runs

@@ -436,11 +436,23 @@ def test_9_after_sigkill_the_next_writer_cleans_up(tmp_path):
 
 
 def test_9_stale_partials_only_ours_and_not_in_use(tmp_path):
+    """Item 4 of issue 23: only a directory with the writer's marker is a writer's; a user's
+    `.backup.20241201.partial` of safetensors files stays. Item 5: a killed writer's
+    directory goes with safetensors' temporary `.tmpXXXXXX` file in it."""
     fcntl = pytest.importorskip("fcntl")
+    from kimi_mlp.safetensors_io import _MARK_TEXT, WRITER_MARK
     stale = tmp_path / ".old.abcd1234.partial"                   # a killed writer's leftover
     stale.mkdir()
+    (stale / WRITER_MARK).write_bytes(_MARK_TEXT)
     (stale / "config.json").write_text("{}")
     (stale / "model-1-of-1.safetensors").write_bytes(b"\0" * 64)
+    (stale / ".tmpq8z1xk").write_bytes(b"\0" * 4096)            # safetensors, mid-write
+    backup = tmp_path / ".backup.20241201.partial"               # a user's: no marker
+    backup.mkdir()
+    (backup / "old.safetensors").write_bytes(b"\0" * 64)
+    forged = tmp_path / ".forged.abcd1234.partial"               # a marker with other text
+    forged.mkdir()
+    (forged / WRITER_MARK).write_text("mine")
     busy = tmp_path / ".busy.abcd1234.partial"                   # a writer still at work
     busy.mkdir()
     fd = os.open(busy, os.O_RDONLY)
@@ -452,13 +464,16 @@ def test_9_stale_partials_only_ours_and_not_in_use(tmp_path):
     other.mkdir()
     nested = tmp_path / ".deep.abcd1234.partial"                 # holds a directory: not ours
     (nested / "sub").mkdir(parents=True)
+    (nested / WRITER_MARK).write_bytes(_MARK_TEXT)
     try:
         synth(tmp_path, "c")
     finally:
         os.close(fd)
     assert sorted(q.name for q in tmp_path.iterdir()) == [
-        ".busy.abcd1234.partial", ".cache", ".deep.abcd1234.partial",
-        ".notes.abcd1234.partial", "c"]
+        ".backup.20241201.partial", ".busy.abcd1234.partial", ".cache",
+        ".deep.abcd1234.partial", ".forged.abcd1234.partial", ".notes.abcd1234.partial", "c"]
+    assert (backup / "old.safetensors").is_file()
+    assert not (tmp_path / "c" / WRITER_MARK).exists()         # the checkpoint has none
 
 
 def test_9_shard_permissions_follow_the_umask(tmp_path):

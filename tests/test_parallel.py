@@ -267,7 +267,7 @@ def test_tp_check_under_torchrun(ckpt):
     r = _torchrun(ckpt, 3)                   # refused, once, by rank 0, before the exit
     assert r.returncode != 0 and not r.stdout
     assert r.stderr.splitlines()[0] == (
-        "error: world_size: expected a tensor-parallel degree that cuts "
+        "error: ranks 0, 1, 2: world_size: expected a tensor-parallel degree that cuts "
         "intermediate_size 1024 (8 blocks of 128) into equal runs of whole blocks, one "
         "of 1, 2, 4, 8; got 3")
     assert r.stderr.count("error: world_size") == 1
@@ -287,7 +287,7 @@ def test_tp_check_in_process(ckpt, capsys, monkeypatch):
         "not set), got 3; start the ranks with torchrun\n")
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert tp.main([str(ckpt.parent / "no-such-checkpoint")]) == 1
-    assert capsys.readouterr().err.startswith("error: DIR: expected a directory")
+    assert capsys.readouterr().err.startswith("error: rank 0: DIR: expected a directory")
     monkeypatch.setenv("RANK", "x")
     assert tp.main([str(ckpt)]) == 1
     assert "RANK: expected a non-negative int (torchrun sets it), got 'x'" in \
