@@ -115,6 +115,13 @@ def _unique_keys(pairs: list) -> dict:
         seen = set()
         dup = next(k for k, _ in pairs if k in seen or seen.add(k))
         raise ValueError(f"duplicate key {dup!r}")
+    for text in (s for pair in pairs for s in pair if isinstance(s, str)):
+        if not text.isascii():        # only non-ASCII text can hold a lone surrogate
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError:   # "\ud800": valid JSON, not Unicode text
+                raise ValueError(f"a string that is not Unicode text (a lone "
+                                 f"surrogate escape): {text!r:.60}") from None
     return d
 
 
@@ -215,11 +222,17 @@ def resolve_tensor_files(checkpoint_dir, names=None) -> dict[Path, list[str] | N
     if index is not None:
         weight_map = _read_weight_map(index)
         files: dict[Path, list[str]] = {}
+        checked: dict[str, Path] = {}            # each file is checked once, not per name
         for name in weight_map if names is None else names:
             if name not in weight_map:
                 raise CheckpointError(f"{index}: no entry for tensor {name!r} in "
                                       "weight_map")
-            path = checkpoint_file(root, weight_map[name], index, name)
+            file = weight_map[name]
+            path = checked.get(file) if isinstance(file, str) else None
+            if path is None:
+                path = checkpoint_file(root, file, index, name)
+                if isinstance(file, str):
+                    checked[file] = path
             files.setdefault(path, []).append(name)
         return files
     if os.path.lexists(root / SINGLE_FILE):

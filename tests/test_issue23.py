@@ -339,3 +339,39 @@ def test_6_sigterm_at_the_commit_keeps_the_finished_checkpoint_and_prints_nothin
     assert r.returncode == -signal.SIGTERM and "Traceback" not in r.stderr, r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
     assert load_dense_block(tmp_path / "ckpt").config.hidden_size == 256
+
+
+def test_6_a_lone_surrogate_in_a_tensor_name_is_one_line_naming_the_file(tmp_path, capsys):
+    """`info` on a header whose name is the JSON escape \\ud800 (valid JSON, not Unicode):
+    one error line naming the file, before any row of the table is printed."""
+    from kimi_mlp.cli import main
+    root = write_checkpoint(tmp_path / "ckpt")
+    data = (root / "model.safetensors").read_bytes()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = data[8:8 + n].replace(b'"model.layers.0.mlp.up_proj.weight"',
+                                   b'"model.layers.0.mlp.up_proj.\\ud800"')
+    assert header != data[8:8 + n] and len(header) == n
+    (root / "model.safetensors").write_bytes(data[:8] + header + data[8 + n:])
+    assert main(["info", str(root)]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and "model.safetensors: corrupt safetensors " \
+        "header (not valid JSON: a string that is not Unicode text" in captured.err
+    assert "name" not in captured.out                     # no partial table
+
+
+def test_9_an_index_of_many_entries_checks_each_file_once(tmp_path, monkeypatch):
+    """510,000 index entries over two files: two file checks, not 510,000 (the count, not
+    the time, is what the test holds)."""
+    import kimi_mlp.safetensors_io as io
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    for f in ("a.safetensors", "b.safetensors"):
+        (root / f).write_bytes(struct.pack("<Q", 2) + b"{}")
+    weight_map = {f"t.{i}": ("a" if i % 2 else "b") + ".safetensors" for i in range(510_000)}
+    (root / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    calls = []
+    real = io.checkpoint_file
+    monkeypatch.setattr(io, "checkpoint_file", lambda *a: calls.append(a[1]) or real(*a))
+    files = io.resolve_tensor_files(root)
+    assert sorted(len(v) for v in files.values()) == [255_000, 255_000]
+    assert sorted(calls) == ["a.safetensors", "b.safetensors"]
