@@ -30,7 +30,7 @@ from .safetensors_io import (
 
 # %% auto #0
 __all__ = ['KIMI_SHARD_NAME', 'K2_0905_SHARD_NAME', 'GAIN_DTYPES', 'SMALL_CONFIG', 'SCALE_RANGE', 'CHECK_ORACLES', 'CHECK_BOUNDS',
-           'dense_block_tensors', 'synthetic_weight', 'synthetic_norm_gain', 'synthetic_shards',
+           'check_fp8_format', 'dense_block_tensors', 'synthetic_weight', 'synthetic_norm_gain', 'synthetic_shards',
            'write_synthetic_checkpoint', 'read_tensors', 'load_dense_block', 'dense_block_float64',
            'dense_block_w8a8_float64', 'relative_error']
 
@@ -51,6 +51,27 @@ def _norm_dtype(config: KimiK2Config) -> torch.dtype:
                          f"gain's dtype), got {config.torch_dtype!r:.40}")
     return getattr(torch, config.torch_dtype)
 
+# %% ../book/06_checkpoint.ipynb #985c708b
+def check_fp8_format(config: KimiK2Config) -> tuple[int, int]:
+    """The checkpoint format every loader here reads, from `config.json` alone and
+    before anything is sized: FP8 e4m3 weights in 128 x 128 blocks, activations
+    quantized at run time. Returns the block size."""
+    bs = config.weight_block_size
+    if config.quant_method != "fp8" or config.fmt != "e4m3" or bs is None:
+        raise ValueError("config: expected an FP8 e4m3 checkpoint with block scales "
+                         "(quant_method 'fp8', fmt 'e4m3'), got quant_method "
+                         f"{config.quant_method!r}, fmt {config.fmt!r}, "
+                         f"weight_block_size {bs!r}")
+    if tuple(bs) != (128, 128):
+        raise ValueError("config.weight_block_size: expected [128, 128] (Kimi K2's, "
+                         "and what the w8a8 forward's 1 x 128 activation groups and "
+                         f"the kernels need), got {list(bs)}")
+    if config.activation_scheme != "dynamic":     # static input scales: none read here
+        raise ValueError("config.activation_scheme: expected 'dynamic' (activation "
+                         "scales computed per token at run time, as every forward here "
+                         f"does), got {config.activation_scheme!r}")
+    return tuple(bs)
+
 # %% ../book/06_checkpoint.ipynb #7b5d5525
 def dense_block_tensors(config: KimiK2Config, layer: int = 0
                         ) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
@@ -60,20 +81,7 @@ def dense_block_tensors(config: KimiK2Config, layer: int = 0
     in the config's `torch_dtype` (bf16); each of `mlp.{gate,up,down}_proj` has `weight`
     `[N, K]` float8_e4m3fn and `weight_scale_inv` `[ceil(N/bn), ceil(K/bk)]` float32.
     """
-    bs = config.weight_block_size
-    if config.quant_method != "fp8" or config.fmt != "e4m3" or bs is None:
-        raise ValueError("config: expected an FP8 e4m3 checkpoint with block scales "
-                         "(quant_method 'fp8', fmt 'e4m3'), got quant_method "
-                         f"{config.quant_method!r}, fmt {config.fmt!r}, "
-                         f"weight_block_size {bs!r}")
-    if tuple(bs) != (128, 128):                   # before any size depends on it
-        raise ValueError(f"config.weight_block_size: expected [128, 128] (Kimi K2's, and "
-                         "what the w8a8 forward's 1 x 128 activation groups and the "
-                         f"kernels need), got {list(bs)}")
-    if config.activation_scheme != "dynamic":     # static input scales: none read here
-        raise ValueError("config.activation_scheme: expected 'dynamic' (activation "
-                         "scales computed per token at run time, as every forward here "
-                         f"does), got {config.activation_scheme!r}")
+    bs = check_fp8_format(config)
     p = f"model.layers.{layer}."
     gain = (_norm_dtype(config), (config.hidden_size,))
     specs = {p + "post_attention_layernorm.weight": gain}
@@ -283,8 +291,8 @@ SCALE_RANGE = (_F32.tiny, _F32.max / FP8_MAX)      # [2^-126, FLT_MAX / 448]
 
 
 def _check_nan_codes(file: Path, name: str, t: torch.Tensor, origin=(0, 0)) -> None:
-    """No e4m3 NaN code (0x7F, 0xFF) in weight `t`, naming the first one's element and its
-    128 x 128 block; `origin`: where `t` starts in the whole tensor (a slice of it)."""
+    """No e4m3 NaN code (0x7F, 0xFF) in weight `t`, naming the first one's element and
+    its 128 x 128 block; `origin`: where `t` starts in the whole tensor (a slice)."""
     nan = (t.view(torch.uint8) & 0x7F) == 0x7F
     if nan.any():
         r, c = (int(i) + o for i, o in zip(nan.nonzero()[0], origin))
@@ -295,10 +303,11 @@ def _check_nan_codes(file: Path, name: str, t: torch.Tensor, origin=(0, 0)) -> N
             "writes; expected finite codes (keep_nan_codes=True keeps them)")
 
 
+# %% ../book/06_checkpoint.ipynb #ddd1bf22
 def _check_values(file: Path, name: str, t: torch.Tensor,
                   keep_nan_codes: bool = False) -> None:
-    """The gain finite; block scales in `SCALE_RANGE` (NaN is outside), naming the block;
-    weight codes finite unless `keep_nan_codes`."""
+    """The gain finite; block scales in `SCALE_RANGE` (NaN is outside), naming the
+    block; weight codes finite unless `keep_nan_codes`."""
     if t.dtype == torch.float8_e4m3fn and not keep_nan_codes:
         _check_nan_codes(file, name, t)
     elif name.endswith("_scale_inv"):
@@ -336,8 +345,8 @@ def load_dense_block(checkpoint_dir, layer: int = 0, config: KimiK2Config | None
     Fp8DenseMLP)`: h [..., hidden] bf16 -> [..., hidden] bf16, on `device`, with
     `block.config` set. Reads only the seven tensors it needs; never unpickles; never
     writes to `checkpoint_dir`. Raises CheckpointError naming the file and tensor for a
-    checkpoint that is incomplete, inconsistent, corrupt or unsafe, a weight code that is
-    e4m3's NaN among them unless `keep_nan_codes`.
+    checkpoint that is incomplete, inconsistent, corrupt or unsafe, a weight code that
+    is e4m3's NaN among them unless `keep_nan_codes`.
     """
     root, _ = checkpoint_root(checkpoint_dir)
     if config is None:

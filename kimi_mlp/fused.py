@@ -56,9 +56,9 @@ def _computes_rms_norm(norm: nn.Module, gain: torch.Tensor, eps: float) -> bool:
     x[0] = 0.0
     x = x.to(torch.bfloat16)
     with torch.no_grad():
-        y = norm(x)
-    return (isinstance(y, torch.Tensor) and y.shape == x.shape
-            and torch.equal(y, rms_norm(x, gain, eps)))
+        y, ref = norm(x), rms_norm(x, gain, eps)
+    return (isinstance(y, torch.Tensor) and y.shape == x.shape and y.dtype == ref.dtype
+            and bool(((y == ref) | (y.isnan() & ref.isnan())).all()))  # eps 0: 0/0
 
 
 def _checked_norm(norm: nn.Module) -> tuple[torch.Tensor, float]:
@@ -93,6 +93,9 @@ def _checked_weight(mlp: nn.Module, name: str, d: int, f: int, device) -> tuple:
         raise ValueError(f"block.mlp.{name}.weight_scale_inv: expected "
                          f"{list(scales)} torch.float32, got {list(s.shape)} "
                          f"{s.dtype}")
+    if not (w.is_contiguous() and s.is_contiguous()):    # the kernels assume it
+        raise ValueError(f"block.mlp.{name}: expected contiguous tensors, got strides "
+                         f"{w.stride()} (weight), {s.stride()} (weight_scale_inv)")
     if w.device != device or s.device != device:
         raise ValueError(f"block.mlp.{name}: expected its tensors on {device} "
                          f"(the norm gain's device), got weight on {w.device}, "
@@ -250,10 +253,9 @@ def _choose_mode(device: torch.device, mode=None, act_dtype=None) -> tuple:
     no_e4m3 = arch in kernels.W8A16_ARCHS
     mode = mode or ("w8a16" if no_e4m3 or act_dtype is not None else "w8a8")
     if mode == "w8a8" and no_e4m3:
-        cap = ".".join(map(str, torch.cuda.get_device_capability(device)))
         raise RuntimeError(f"mode: 'w8a8' needs an e4m3 type (compute capability 8.9 "
-                           f"or more), which {device} (compute capability {cap}) "
-                           "lacks; use 'w8a16' or None")
+                           f"or more), which {kernels.device_label(device)} lacks; use "
+                           "'w8a16' or None")
     if mode == "w8a8":
         if act_dtype is not None:
             raise ValueError(f"act_dtype: expected None with mode 'w8a8' (the FP8 "
@@ -273,13 +275,14 @@ def _weights_and_launches(t: FfnTensors, mode: str) -> tuple:
 
 # %% ../book/08_fused_mlp.ipynb #22db593c
 def _fingerprint(module: nn.Module) -> tuple:
-    """What `_CheckedOnce` built its cache from, as it is now: the norm's eps and, for
-    each of the seven tensors, the object, its address and its shape."""
+    """What `_CheckedOnce` built its cache from, as it is now: the norm module and its
+    eps and, for each of the seven tensors, the object, address, shape and strides."""
     norm, mlp = module.post_attention_layernorm, module.mlp
     tensors = (norm.weight, *(t for p in (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
                               for t in (p.weight, p.weight_scale_inv)))
     eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
-    return (eps, *((id(t), t.data_ptr(), t.shape) for t in tensors))
+    return (id(norm), eps,
+            *((id(t), t.data_ptr(), t.shape, t.stride()) for t in tensors))
 
 # %% ../book/08_fused_mlp.ipynb #c61f2a9d
 class _CheckedOnce(nn.Module):

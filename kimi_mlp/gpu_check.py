@@ -221,8 +221,8 @@ def _parse_m(text: str) -> tuple[int, ...]:
     except ValueError:
         ms = ()
     if not ms or min(ms) < 1 or max(ms) > MAX_M:
-        raise argparse.ArgumentTypeError(f"expected comma-separated ints in [1, {MAX_M}] "
-                                         f"such as 1,16,128, got {text!r:.60}")
+        raise argparse.ArgumentTypeError(f"expected comma-separated ints in [1, "
+                                         f"{MAX_M}] such as 1,16,128, got {text!r:.60}")
     return ms
 
 

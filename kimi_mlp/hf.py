@@ -11,12 +11,14 @@ import torch
 from torch import nn
 
 from . import kernels  # imported first: the interpreter when there is no GPU
-from .checkpoint import _check_values, load_dense_block, read_tensors
+from .checkpoint import (_check_values, check_fp8_format, load_dense_block,
+                                 read_tensors)
 from .config import KimiK2Config, scale_shape
 from .fp8 import Fp8DenseMLP, quantize_weight_blockwise
 from .fused import _check_hidden, _choose_mode
 from .rmsnorm import RMSNorm
-from .safetensors_io import checkpoint_root, resolve_tensor_files
+from .safetensors_io import (atomic_directory, checkpoint_root,
+                                     resolve_tensor_files)
 
 # %% auto #0
 __all__ = ['IMPLS', 'LAYERS', 'FusedMLP', 'shared_expert_tensors', 'load_shared_expert', 'decoder_layers', 'Swap', 'FuseReport',
@@ -93,8 +95,8 @@ def shared_expert_tensors(config: KimiK2Config, layer: int) -> dict:
     """Name -> (dtype, shape) of MoE layer `layer`'s shared expert: `mlp.shared_experts.
     {gate,up,down}_proj.{weight,weight_scale_inv}`, width moe_intermediate_size x
     n_shared_experts."""
-    d, f, bs = (config.hidden_size, config.moe_intermediate_size
-                * config.n_shared_experts, config.weight_block_size)
+    d, f = config.hidden_size, config.moe_intermediate_size * config.n_shared_experts
+    bs = check_fp8_format(config)                   # as for a dense layer
     specs, p = {}, f"model.layers.{layer}.mlp.shared_experts."
     for proj, shape in {"gate_proj": (f, d), "up_proj": (f, d),
                         "down_proj": (d, f)}.items():
@@ -235,6 +237,7 @@ def _check_model(model: nn.Module, config: KimiK2Config, layers: str, impl: str)
         raise ValueError(f"layers: expected one of {LAYERS}, got {layers!r}")
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
+    check_fp8_format(config)                        # before any module is looked at
     act = getattr(getattr(model, "config", None), "hidden_act", "silu")
     for where, got in (("model.config.hidden_act", act),
                        ("the checkpoint's hidden_act", config.hidden_act)):
@@ -255,6 +258,9 @@ def _check_model(model: nn.Module, config: KimiK2Config, layers: str, impl: str)
 def _dense_swap(name, layer, i, root, config, impl, device) -> Swap:
     "Layer i's post_attention_layernorm and mlp -> Identity, FusedMLP with the norm."
     d, f = config.hidden_size, config.intermediate_size
+    if isinstance(getattr(layer, "mlp", None), FusedMLP):
+        raise ValueError(f"{name}.mlp: expected the model's own MLP, got a FusedMLP "
+                         "(fused already: call that report's restore() first)")
     _check_mlp(f"{name}.mlp", getattr(layer, "mlp", None), d, f)
     _check_norm(f"{name}.post_attention_layernorm",
                 getattr(layer, "post_attention_layernorm", None), d,
@@ -275,6 +281,10 @@ def _shared_swap(name, layer, i, root, config, impl, device) -> Swap:
         raise TypeError(f"{name}.mlp: expected a mixture-of-experts MLP with "
                         f"shared_experts (the checkpoint's layer {i} is one), got "
                         f"{type(moe).__name__}")
+    if isinstance(shared, FusedMLP):
+        raise ValueError(f"{name}.mlp.shared_experts: expected the model's own MLP, "
+                         "got a FusedMLP (fused already: call that report's restore() "
+                         "first)")
     f = config.moe_intermediate_size * config.n_shared_experts
     _check_mlp(f"{name}.mlp.shared_experts", shared, config.hidden_size, f)
     dev = _target_device(f"{name}.mlp.shared_experts", shared, device, impl)
@@ -328,8 +338,9 @@ def save_fp8_ffn(model: nn.Module, path) -> Path:
     """Write the FFN tensors of a bf16 DeepseekV3-style model as a Kimi-format FP8
     checkpoint in `path`: each dense layer's `post_attention_layernorm.weight` and MLP,
     each MoE layer's shared expert, the weights quantized by chapter 5's
-    `quantize_weight_blockwise`; `config.json` and one `model.safetensors` (no pickle).
-    For examples and tests: a real checkpoint comes quantized."""
+    `quantize_weight_blockwise`; `config.json` and one `model.safetensors` (no pickle),
+    written all or nothing into a new directory (appendix A's `atomic_directory`). For
+    examples and tests: a real checkpoint comes quantized."""
     from safetensors.torch import save_file
     config, (_, layers) = fp8_config(model.config), decoder_layers(model)
     tensors = {}
@@ -345,9 +356,8 @@ def save_fp8_ffn(model: nn.Module, path) -> Path:
         for proj in Fp8DenseMLP.PROJECTIONS:
             w, s = quantize_weight_blockwise(getattr(mlp, proj).weight.detach().float())
             tensors[f"{p}{proj}.weight"], tensors[f"{p}{proj}.weight_scale_inv"] = w, s
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
-    save_file({k: v.contiguous().cpu() for k, v in tensors.items()},
-              str(path / "model.safetensors"), metadata={"format": "pt"})
-    return path
+    with atomic_directory(path) as tmp:      # all or nothing, into a new directory
+        (tmp / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
+        save_file({k: v.contiguous().cpu() for k, v in tensors.items()},
+                  str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    return Path(path)

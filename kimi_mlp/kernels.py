@@ -5,7 +5,7 @@ __all__ = ['INTERPRETED', 'NATIVE', 'QUANT_BLOCK', 'GEMM_TILES', 'PARTIAL_BUDGET
            'W8A16_ARCHS', 'AMPERE_TILES', 'TURING_TILES', 'BLACKWELL_TILES', 'ARCH_TILES', 'SM_SHARED', 'SM_REGS',
            'TMA_ARCHS', 'TC_ACC_BITS', 'TC_CHUNK', 'W8A16_BOUND', 'FP16_MAX', 'dequantize_blockwise_triton',
            'decode_e4m3', 'act_quant', 'rmsnorm_quant', 'plan_gemm', 'device_sms', 'arch_family', 'device_arch',
-           'fp8_gemm', 'tensor_core_matmul', 'tensor_core_error', 'tensor_core_mlp', 'w8a16_gemm',
+           'device_label', 'fp8_gemm', 'tensor_core_matmul', 'tensor_core_error', 'tensor_core_mlp', 'w8a16_gemm',
            'fp8_gate_up_swiglu_quant', 'fp8_down_residual', 'rmsnorm_act', 'w8a16_gate_up_swiglu', 'fp16_bounds']
 
 # %% ../book/07_kernels.ipynb #0d3698a5
@@ -188,12 +188,12 @@ def _check_tensor(name, t, dtypes, shape=None, device=None, row_stride_ok=False)
 def _check_e4m3_gpu(name, t):
     """A tensor for a kernel that needs the e4m3 type, on a GPU without one (compute
     capability below 8.9): refused in one line, before Triton refuses the type."""
-    if t.device.type == "cuda" and device_arch(t.device) in W8A16_ARCHS:
-        cap = ".".join(map(str, torch.cuda.get_device_capability(t.device)))
-        raise RuntimeError(f"{name}: {t.device} (compute capability {cap}) has no e4m3 "
-                           "type, which this kernel needs (8.9 or more); the W8A16 "
-                           "kernels (w8a16_gemm, or FusedFp8DenseMLP, which picks "
-                           "them) run there")
+    rehearsed = "KIMI_MLP_INTERPRETER_ARCH" in os.environ   # the CPU standing for a GPU
+    if (t.device.type == "cuda" or rehearsed) and device_arch(t.device) in W8A16_ARCHS:
+        raise RuntimeError(f"{name}: {device_label(t.device)} has no e4m3 type, which "
+                           "this kernel needs (8.9 or more); the W8A16 kernels "
+                           "(w8a16_gemm, or FusedFp8DenseMLP, which picks them) run "
+                           "there")
 
 
 def _check_rank(name, t, rank, what):
@@ -1001,15 +1001,36 @@ def _cuda_arch(index: int) -> int:
                            f"{e}") from None
 
 
+def _interpreter_arch() -> int:
+    """The family the interpreter stands for: Hopper's, or the one a rehearsal names in
+    KIMI_MLP_INTERPRETER_ARCH (appendix C's `book_mode` sets 80 to rehearse a GPU
+    without e4m3: the FP8 kernels then refuse, the W8A16 ones plan as on an A100)."""
+    text = os.environ.get("KIMI_MLP_INTERPRETER_ARCH", "90")
+    if not text.isdigit() or int(text) not in ARCH_TILES:
+        raise ValueError(f"KIMI_MLP_INTERPRETER_ARCH: expected one of "
+                         f"{sorted(ARCH_TILES)}, got {text!r:.20}")
+    return int(text)
+
+
 def device_arch(device: torch.device) -> int:
     """The GPU family plans are made for (`arch_family`): 90 and 100 (wgmma or
     tcgen05, TMA, 227 KB of shared memory a program), 89 and 120 (FP8 `mma.sync`, 99
     KB), or 80, 86 and 75, which have no e4m3 type and run W8A16. A CUDA device below
     compute capability 7.5 is refused here, in one line; the interpreter plans as for
-    Hopper."""
+    Hopper (or for the family a rehearsal names: `_interpreter_arch`)."""
     if _COMPILE_ONLY_SMS is not None:
         return _COMPILE_ONLY_ARCH
-    return _cuda_arch(_cuda_index(device)) if device.type == "cuda" else 90
+    if device.type == "cuda":
+        return _cuda_arch(_cuda_index(device))
+    return _interpreter_arch()
+
+
+def device_label(device: torch.device) -> str:
+    "A device for an error message: a GPU with its compute capability, or the CPU's."
+    if device.type == "cuda":
+        cap = ".".join(map(str, torch.cuda.get_device_capability(device)))
+        return f"{device} (compute capability {cap})"
+    return f"{device} (Triton's interpreter, standing for sm_{device_arch(device)})"
 
 # %% ../book/07_kernels.ipynb #bc6d3805
 @functools.lru_cache(maxsize=None)

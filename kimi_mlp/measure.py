@@ -67,13 +67,13 @@ def book_mode() -> BookMode:
     (this sets TRITON_INTERPRET=1) or when the reader set TRITON_INTERPRET=1. On a GPU
     below 7.5 it raises RuntimeError saying so: it does not switch to the interpreter on
     a machine with CUDA unless the reader asks for it. Also raises if the kernels were
-    already imported in the other mode (Triton cannot switch then: restart the Python
-    kernel).
-    """
+    already imported in the other mode (Triton cannot switch then: restart Python)."""
     why = "there is no CUDA device"
     rehearse = os.environ.get("KIMI_BOOK_MODE")
     if rehearse in ("rehearsal", "rehearsal-w8a16"):
         os.environ["TRITON_INTERPRET"] = "1"
+        if rehearse == "rehearsal-w8a16":    # the kernels stand for an A100 (sm_80)
+            os.environ["KIMI_MLP_INTERPRETER_ARCH"] = "80"
         without = ", as a GPU without e4m3 runs it" if rehearse != "rehearsal" else ""
         return _agreed(
             BookMode(

@@ -556,8 +556,9 @@ def _reference_everywhere(checkpoint_dir, h, impl: str, config,
     if dist.get_rank() == 0:               # its own copy of the block may be broken
         try:
             ref = single_rank_reference(checkpoint_dir, h, impl, layer)
-        except (CheckpointError, ValueError, TypeError, OSError) as e:
-            error = f"the unsharded reference: {e}"
+        except (CheckpointError, ValueError, TypeError, OSError, MemoryError,
+                RuntimeError) as e:                # RuntimeError: torch's out of memory
+            error = f"the unsharded reference: {str(e).strip() or 'out of memory'}"
     if not _all_ranks_ok(error, dist.get_rank()):
         return None
     got = {}
@@ -644,8 +645,8 @@ def _run_check(args, rank: int, world: int, local_rank: int, local_world: int) -
         _check_impl(args.impl, device)
         shard = load_dense_shard(args.dir, rank, world, layer=args.layer)
         io = None if before is None else rchar() - before
-    except (CheckpointError, ValueError, TypeError, OSError) as e:
-        error = str(e)
+    except (CheckpointError, ValueError, TypeError, OSError, RuntimeError) as e:
+        error = str(e)                     # RuntimeError: a GPU the kernels refuse
     except MemoryError as e:               # a slice larger than this rank's memory
         error = f"out of memory: {str(e).strip() or 'an allocation failed'}"
     if not _all_ranks_ok(error, rank):

@@ -115,20 +115,32 @@ def _unique_keys(pairs: list) -> dict:
         seen = set()
         dup = next(k for k, _ in pairs if k in seen or seen.add(k))
         raise ValueError(f"duplicate key {dup!r}")
-    for text in (s for pair in pairs for s in pair if isinstance(s, str)):
-        if not text.isascii():        # only non-ASCII text can hold a lone surrogate
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:   # "\ud800": valid JSON, not Unicode text
-                raise ValueError(f"a string that is not Unicode text (a lone "
-                                 f"surrogate escape): {text!r:.60}") from None
     return d
+
+
+#: A JSON escape of a UTF-16 surrogate: the only way a lone one gets into parsed text.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _check_unicode(text: str, value) -> None:
+    """No lone surrogate in any string of the parsed `value` (keys, values, arrays):
+    looked for only when `text` holds a surrogate escape at all."""
+    if _SURROGATE_ESCAPE.search(text):
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:      # "\ud800": valid JSON, not Unicode text
+            bad = e.object[e.start:e.end]
+            raise ValueError(f"a string that is not Unicode text (a lone surrogate "
+                             f"escape, {bad!r})") from None
 
 
 def parse_json(data: bytes, source, what: str):
     "Parse the UTF-8 JSON `data` read from `source`; any failure is a CheckpointError."
     try:
-        return json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys)
+        text = data.decode("utf-8")
+        value = json.loads(text, object_pairs_hook=_unique_keys)
+        _check_unicode(text, value)
+        return value
     except UnicodeDecodeError as e:
         reason = f"not UTF-8: {e.reason} at byte {e.start}"
     except RecursionError:
@@ -222,7 +234,7 @@ def resolve_tensor_files(checkpoint_dir, names=None) -> dict[Path, list[str] | N
     if index is not None:
         weight_map = _read_weight_map(index)
         files: dict[Path, list[str]] = {}
-        checked: dict[str, Path] = {}            # each file is checked once, not per name
+        checked: dict[str, Path] = {}        # each file is checked once, not per name
         for name in weight_map if names is None else names:
             if name not in weight_map:
                 raise CheckpointError(f"{index}: no entry for tensor {name!r} in "
@@ -403,8 +415,9 @@ def _lock(path) -> int | None:
 # %% ../book/appendix_a_safetensors.ipynb #b3d50151
 def _marked(directory: str) -> bool:
     "Whether `directory` holds the writer's marker: a regular file, with its text."
+    flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_NONBLOCK", 0)   # FIFO: no wait
     try:
-        fd = os.open(os.path.join(directory, WRITER_MARK), os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(os.path.join(directory, WRITER_MARK), flags)
     except OSError:
         return False
     with os.fdopen(fd, "rb") as f:
@@ -418,7 +431,8 @@ def _left_by_a_writer(entry: os.DirEntry) -> bool:
         st = entry.stat(follow_symlinks=False)
         return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
                 and _PARTIAL.fullmatch(entry.name) is not None and _marked(entry.path)
-                and all(c.is_file(follow_symlinks=False) for c in os.scandir(entry.path)))
+                and all(c.is_file(follow_symlinks=False)
+                        for c in os.scandir(entry.path)))
     except OSError:
         return False
 
@@ -502,9 +516,16 @@ def _new_partial(parent: Path, name: str) -> tuple[Path, int | None]:
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=parent))
         lock = _lock(tmp)
         if lock is not None or fcntl is None:
-            fd = os.open(tmp / WRITER_MARK, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(_MARK_TEXT)
+            try:
+                fd = os.open(tmp / WRITER_MARK, os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+                             0o600)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(_MARK_TEXT)
+            except OSError:                    # a full disk: leave nothing behind
+                if lock is not None:
+                    os.close(lock)
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
             return tmp, lock
         # another writer's cleanup took it between mkdtemp and the lock: make another
 
@@ -540,11 +561,11 @@ def atomic_directory(path, log=None):
     with _terminating_signals_raise():
         try:
             yield tmp
-            (tmp / WRITER_MARK).unlink()       # the checkpoint does not carry it
             mask = _umask()
             for f in tmp.iterdir():
                 f.chmod(0o666 & ~mask)
             tmp.chmod(0o777 & ~mask)
+            (tmp / WRITER_MARK).unlink(missing_ok=True)   # not part of the checkpoint
             _hold_terminating_signals(True)    # from here the commit is not interrupted
             os.rename(tmp, path)       # atomic; replaces `path` if it is an empty dir
         except BaseException:

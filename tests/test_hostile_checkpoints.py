@@ -453,8 +453,9 @@ def test_9_stale_partials_only_ours_and_not_in_use(tmp_path):
     forged = tmp_path / ".forged.abcd1234.partial"               # a marker with other text
     forged.mkdir()
     (forged / WRITER_MARK).write_text("mine")
-    busy = tmp_path / ".busy.abcd1234.partial"                   # a writer still at work
-    busy.mkdir()
+    busy = tmp_path / ".busy.abcd1234.partial"                   # a writer still at work:
+    busy.mkdir()                                                 # marked, but locked
+    (busy / WRITER_MARK).write_bytes(_MARK_TEXT)
     fd = os.open(busy, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)
     notes = tmp_path / ".notes.abcd1234.partial"                 # our naming, not our files

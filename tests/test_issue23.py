@@ -78,6 +78,12 @@ def test_9_the_shard_loader_refuses_nan_codes_in_its_own_slice_only(tmp_path):
     with pytest.raises(CheckpointError, match=r"element \[600, 7\] \(block \(4, 0\)\)"):
         load_dense_shard(root, rank=1, world_size=2)
     load_dense_shard(root, rank=1, world_size=2, keep_nan_codes=True)
+    # down_proj [256, 1024] is cut by columns: rank 1 holds 512..1023
+    root = write_checkpoint(tmp_path / "down", [("down_proj", 5, 600, 0xFF)], f=1024)
+    load_dense_shard(root, rank=0, world_size=2)
+    with pytest.raises(CheckpointError, match=r"down_proj\.weight'.*element \[5, 600\] "
+                                              r"\(block \(0, 4\)\)"):
+        load_dense_shard(root, rank=1, world_size=2)
 
 
 def test_9_a_static_activation_scheme_is_refused(tmp_path):
