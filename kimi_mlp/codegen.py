@@ -42,9 +42,11 @@ def target_name(arch: int) -> str:
 
 # %% auto #0
 __all__ = ['INSPECT_M', 'HOPPER', 'H200_SMS', 'SHARED_MEM_LIMITS', 'SHARED_MEM_LIMIT', 'TARGETS', 'WORKLOADS', 'CONVERSIONS',
-           'target_name', 'CompileOnlyDriver', 'stand_in_block', 'compile_launches', 'parse_ptxas',
-           'ptxas_path_and_flags', 'run_ptxas', 'matrix_instructions', 'shared_buffers', 'ptx_excerpt',
-           'inspect_kernels', 'short_name', 'matrix_summary', 'table_rows', 'format_table', 'main']
+           'H200_MODEL', 'GEMM_SHAPES', 'MODEL_M', 'MODEL_SCHEMA', 'target_name', 'CompileOnlyDriver', 'stand_in_block',
+           'compile_launches', 'parse_ptxas', 'ptxas_path_and_flags', 'run_ptxas', 'matrix_instructions',
+           'shared_buffers', 'ptx_excerpt', 'inspect_kernels', 'short_name', 'matrix_summary', 'table_rows',
+           'format_table', 'step_cycles', 'model_block', 'model_rows', 'format_model', 'model_entry', 'write_model',
+           'main']
 
 # %% ../book/appendix_d_codegen.ipynb #a7b1e9af
 class CompileOnlyDriver:
@@ -537,6 +539,178 @@ def format_table(report: dict) -> str:
             f"({report['sms']} SMs for split-K), hidden {report['hidden_size']}, "
             f"intermediate {report['intermediate_size']}")
     return "\n".join([head, line({c: c for c in cols}), *map(line, rows)])
+
+# %% ../book/appendix_d_codegen.ipynb #9246ec6b
+#: The machine of the static time model, an H200 SXM. `dram` and `fp8` are the
+#: ceilings of book/data/h200_ceilings.json (copy measured; fp8 twice the measured
+#: bf16 rate); the rest are assumptions, stated so a GPU run can refute them: `l2` the
+#: rate at which the SMs together read L2 (about 10 TB/s), `clock` the clock at which
+#: the datasheet's dense fp8 rate is 132 SMs x 8192 FLOP a cycle (1979 TFLOP/s), `drain`
+#: the cycles a `wgmma.wait_group 0` adds beyond the dot (the tensor pipe empties), and
+#: `gap` the cost of a kernel boundary (one kernel's last wave ends, the next ramps up).
+H200_MODEL = dict(sms=H200_SMS, dram=4.3e12, fp8=1.576e15, l2=10e12, clock=1.83e9,
+                  drain=100, gap=2e-6, bf16=7.88e14, smem_per_sm=228 * 1024, regs_per_sm=65536)
+
+#: Per GEMM kernel of the block: (N, K, weights) as functions of (hidden, intermediate).
+GEMM_SHAPES = {"_gate_up_swiglu_quant_kernel": lambda d, f: (f, d, 2),
+               "_fp8_gemm_kernel": lambda d, f: (d, f, 1)}
+
+
+def _per_sm(v: dict, hw: dict) -> int:
+    "Programs one SM holds: by the compiled shared memory (+1 KB) and registers."
+    threads = 32 * v["num_warps"]
+    return max(1, min(hw["smem_per_sm"] // (v["shared"] + 1024),
+                      hw["regs_per_sm"] // (max(v["registers"], 1) * threads)))
+
+
+def step_cycles(v: dict, hw: dict) -> dict:
+    """One program's K step of 128 on one SM, in cycles: `mma` the tensor cores' share
+    (the SM's part of the fp8 rate), `promote` the scaling (a multiply and a fused
+    multiply-add per accumulator element and weight: 2 * BM * BN * weights / 32 warp
+    instructions, issued by the SM's 4 schedulers), and `step`: mma + drain + promote
+    when the compiled loop waits with `wgmma.wait_group 0`, else max(mma, promote)
+    (the promotion runs while the next step's wgmma is in flight)."""
+    bm, bn = v["constexprs"]["BLOCK_M"], v["constexprs"]["BLOCK_N"]
+    w = GEMM_SHAPES[v["kernel"]](1, 1)[2]
+    mma = 2 * bm * bn * 128 * w / (hw["fp8"] / hw["sms"] / hw["clock"])
+    promote = 2 * bm * bn * w / 32 / 4
+    serial = 0 in v["matrix"]["wgmma_waits"]
+    step = mma + hw["drain"] + promote if serial else max(mma, promote)
+    return dict(mma=mma, promote=promote, step=step, serial=serial)
+
+# %% ../book/appendix_d_codegen.ipynb #1c015a02
+def _waves(programs: int, slots: int) -> list[int]:
+    "Programs per wave: full waves of `slots`, then the rest."
+    full, rest = divmod(programs, slots)
+    return [slots] * full + ([rest] if rest else [])
+
+
+def _gemm_time(v: dict, m: int, grid: list, d: int, f: int, hw: dict) -> dict:
+    """One GEMM launch, wave by wave: each wave lasts the longest of its share of the
+    launch's DRAM bytes, its L2 reads (every program streams its tiles; split-K's fp32
+    partials are written and read back through L2) and its tensor-core time."""
+    from kimi_mlp.fused import fused_launch_costs
+    n, k, w = GEMM_SHAPES[v["kernel"]](d, f)
+    cost = fused_launch_costs(m, d, f)[1 if w == 2 else 2]
+    bm, bn = v["constexprs"]["BLOCK_M"], v["constexprs"]["BLOCK_N"]
+    tiles, split = grid[0], grid[1] if len(grid) > 1 else 1
+    steps, programs = -(-(-(-k // 128)) // split), tiles * split
+    partials = 2 * split * w * m * n * 4 if split > 1 else 0
+    cyc, per_sm = step_cycles(v, hw), _per_sm(v, hw)
+    waves, total, bounds = _waves(programs, hw["sms"] * per_sm), 0.0, []
+    for p in waves:
+        share = p / programs
+        dram = (cost["read"] + cost["written"]) * share / hw["dram"]
+        l2 = (p * steps * (w * bn + bm) * 128 + partials * share) / hw["l2"]
+        together = -(-p // hw["sms"])                    # programs on one SM
+        tc = steps * max(together * cyc["mma"], cyc["step"]) / hw["clock"]
+        t = max(dram, l2, tc)
+        total += t
+        bounds.append(("dram", "l2", "tc")[[dram, l2, tc].index(t)])
+    return dict(time=total, waves=len(waves), per_sm=per_sm, steps=steps, split=split,
+                bound="/".join(dict.fromkeys(bounds)), serial=cyc["serial"])
+
+# %% ../book/appendix_d_codegen.ipynb #9a50f5f2
+def _other_time(kernel: str, m: int, split: int, d: int, f: int, hw: dict) -> dict:
+    """A launch without a matrix instruction: its bytes. The norm reads h and writes
+    e4m3 codes; a split-K reduction reads the partials from L2 and writes (and for the
+    down GEMM reads the residual) through DRAM."""
+    from kimi_mlp.fused import fused_launch_costs
+    if kernel == "_rmsnorm_quant_kernel":
+        c = fused_launch_costs(m, d, f)[0]
+        t = (c["read"] + c["written"]) / hw["dram"]
+    elif kernel == "_swiglu_quant_reduce_kernel":
+        t = max(split * 2 * m * f * 4 / hw["l2"], (m * f + 4 * m * -(-f // 128))
+                / hw["dram"])
+    elif kernel == "_split_k_reduce_kernel":
+        t = max(split * m * d * 4 / hw["l2"], 4 * m * d / hw["dram"])
+    else:
+        raise ValueError(f"kernel: no time model for {kernel!r}")
+    return dict(time=t, bound="dram/l2")
+
+# %% ../book/appendix_d_codegen.ipynb #ba4ac3ec
+def model_block(report: dict, m: int, hw: dict = H200_MODEL,
+                replace: dict | None = None) -> dict:
+    """The modelled time of the block's launches at m tokens, from a compile report
+    (`inspect_kernels` with m among its ms): per launch its time and what bounds it,
+    then the total with one `gap` per launch. `replace`: {kernel: variant} compiled
+    elsewhere (another implementation of that GEMM) to model in its place."""
+    d, f = report["hidden_size"], report["intermediate_size"]
+    launched = sorted((x["index"], v, x["grid"]) for v in report["variants"]
+                      for x in v["launches"] if x["m"] == m and x["workload"] == "block")
+    if not launched:
+        raise ValueError(f"m: the report compiled no launch at M = {m}; its ms: "
+                         f"{report['ms']}")
+    rows, split = [], 1
+    for _, v, grid in launched:
+        v = (replace or {}).get(v["kernel"], v)
+        if v["kernel"] in GEMM_SHAPES or v.get("stands_for") in GEMM_SHAPES:
+            g = dict(v, kernel=v.get("stands_for", v["kernel"]))
+            r = _gemm_time(g, m, grid, d, f, hw)
+            split = r["split"]
+        else:
+            r = _other_time(v["kernel"], m, split, d, f, hw)
+        rows.append(dict(r, kernel=v["kernel"]))
+    total = sum(r["time"] for r in rows) + hw["gap"] * len(rows)
+    return dict(m=m, launches=rows, time=total)
+
+# %% ../book/appendix_d_codegen.ipynb #cf224372
+#: The token counts of the model's table: decode, the tail's range, prefill.
+MODEL_M = (1, 16, 64, 128, 1024, 4096)
+
+
+def model_rows(report: dict, ms=MODEL_M, hw: dict = H200_MODEL,
+               replace: dict | None = None) -> list[dict]:
+    """Per M: the modelled block (`model_block`), its roofline floor at the model's
+    ceilings (chapter 9's `roofline_floor_s`) and torch bf16's floor at the measured
+    bf16 rate (no implementation with bf16 weights can beat it). Times in µs."""
+    from kimi_mlp.bench import roofline_floor_s
+    ceil = dict(copy_bytes_per_s=hw["dram"], fp8_flop_per_s=hw["fp8"],
+                bf16_flop_per_s=hw["bf16"])
+    rows = []
+    for m in ms:
+        b = model_block(report, m, hw, replace)
+        rows.append(dict(
+            m=m, launches=len(b["launches"]), us=1e6 * b["time"],
+            floor_us=1e6 * roofline_floor_s(m, ceil),
+            bf16_us=1e6 * roofline_floor_s(m, ceil, "bf16"),
+            kernels=[[short_name(r["kernel"]), 1e6 * r["time"], r["bound"]]
+                     for r in b["launches"]]))
+    return rows
+
+
+def format_model(rows: list[dict]) -> str:
+    "The model's rows as a table: time, launches, share of the floor, against bf16."
+    out = [f"{'M':>5} {'launches':>8} {'model µs':>9} {'floor µs':>9} {'floor/model':>11}"
+           f" {'bf16 floor µs':>13} {'bf16/model':>10}"]
+    for r in rows:
+        out.append(f"{r['m']:>5} {r['launches']:>8} {r['us']:>9.1f} {r['floor_us']:>9.1f}"
+                   f" {r['floor_us'] / r['us']:>11.0%} {r['bf16_us']:>13.1f}"
+                   f" {r['bf16_us'] / r['us']:>9.2f}x")
+    return "\n".join(out)
+
+
+# %% ../book/appendix_d_codegen.ipynb #ce9112e7
+MODEL_SCHEMA = "kimi-mlp-model/1"
+
+
+def model_entry(report: dict, replace: dict | None = None, ms=MODEL_M,
+                hw: dict = H200_MODEL) -> dict:
+    "What was compiled (releases, target, shapes), and the model's rows for it."
+    keys = ("triton", "ptxas", "target", "hidden_size", "intermediate_size")
+    return dict({k: report[k] for k in keys}, rows=model_rows(report, ms, hw, replace))
+
+
+def write_model(path, entries: dict, hw: dict = H200_MODEL) -> None:
+    """Store model entries (label -> `model_entry`) in the JSON file `path`, keeping
+    the entries under other labels, with the machine's assumptions."""
+    path = Path(path)
+    data = json.loads(path.read_text()) if path.exists() else {"entries": {}}
+    data.update(schema=MODEL_SCHEMA, machine=hw,
+                what="a static model of H200 time from compiled code (appendix D); "
+                     "not a measurement")
+    data["entries"].update(entries)
+    path.write_text(json.dumps(data, indent=1) + "\n")
 
 # %% ../book/appendix_d_codegen.ipynb #098b988b
 def _workloads(text: str) -> tuple[str, ...]:
