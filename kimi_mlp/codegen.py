@@ -43,7 +43,7 @@ def target_name(arch: int) -> str:
 # %% auto #0
 __all__ = ['INSPECT_M', 'HOPPER', 'H200_SMS', 'SHARED_MEM_LIMITS', 'SHARED_MEM_LIMIT', 'TARGETS', 'WORKLOADS', 'CONVERSIONS',
            'H200_MODEL', 'GEMM_SHAPES', 'MODEL_M', 'MODEL_SCHEMA', 'target_name', 'CompileOnlyDriver', 'stand_in_block',
-           'compile_launches', 'parse_ptxas', 'ptxas_path_and_flags', 'run_ptxas', 'matrix_instructions',
+           'compile_launches', 'parse_ptxas', 'ptxas_path_and_flags', 'ptxas_log', 'run_ptxas', 'matrix_instructions',
            'shared_buffers', 'ptx_excerpt', 'inspect_kernels', 'short_name', 'matrix_summary', 'table_rows',
            'format_table', 'step_cycles', 'model_block', 'model_rows', 'format_model', 'model_entry', 'write_model',
            'main']
@@ -273,8 +273,8 @@ def ptxas_path_and_flags(arch: int = 90) -> tuple[str, str, list[str]]:
     return tool.path, tool.version, ["--regAllocOptLevel=2"] if passed else []
 
 
-def run_ptxas(ptx: str, arch: int = 90) -> dict[str, dict]:
-    "`ptxas -v` on `ptx` for `target_name(arch)`, Triton's options, by `parse_ptxas`."
+def ptxas_log(ptx: str, arch: int = 90) -> str:
+    "What `ptxas -v` prints for `ptx` and `target_name(arch)`, with Triton's options."
     path, _, flags = ptxas_path_and_flags(arch)
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "kernel.ptx"
@@ -285,7 +285,12 @@ def run_ptxas(ptx: str, arch: int = 90) -> dict[str, dict]:
                              capture_output=True, text=True)
     if res.returncode != 0:
         raise RuntimeError(f"ptxas failed ({res.returncode}): {res.stderr[-2000:]}")
-    return parse_ptxas(res.stdout + res.stderr)
+    return res.stdout + res.stderr
+
+
+def run_ptxas(ptx: str, arch: int = 90) -> dict[str, dict]:
+    "`ptxas -v` on `ptx` for `target_name(arch)`, Triton's options, by `parse_ptxas`."
+    return parse_ptxas(ptxas_log(ptx, arch))
 
 # %% ../book/appendix_d_codegen.ipynb #b1af5b84
 _MMA = re.compile(r"^\s*(?:@!?%p\d+\s+)?"              # a predicate, then the opcode
@@ -568,13 +573,14 @@ def step_cycles(v: dict, hw: dict) -> dict:
     (the SM's part of the fp8 rate), `promote` the scaling (a multiply and a fused
     multiply-add per accumulator element and weight: 2 * BM * BN * weights / 32 warp
     instructions, issued by the SM's 4 schedulers), and `step`: mma + drain + promote
-    when the compiled loop waits with `wgmma.wait_group 0`, else max(mma, promote)
-    (the promotion runs while the next step's wgmma is in flight)."""
+    when the compiled loop waits with `wgmma.wait_group 0` (`loop_waits` where the
+    variant has them, appendix F; else every wait of the kernel), else max(mma,
+    promote): the promotion runs while the next step's wgmma is in flight."""
     bm, bn = v["constexprs"]["BLOCK_M"], v["constexprs"]["BLOCK_N"]
     w = GEMM_SHAPES[v["kernel"]](1, 1)[2]
     mma = 2 * bm * bn * 128 * w / (hw["fp8"] / hw["sms"] / hw["clock"])
     promote = 2 * bm * bn * w / 32 / 4
-    serial = 0 in v["matrix"]["wgmma_waits"]
+    serial = 0 in v.get("loop_waits", v["matrix"]["wgmma_waits"])
     step = mma + hw["drain"] + promote if serial else max(mma, promote)
     return dict(mma=mma, promote=promote, step=step, serial=serial)
 
@@ -633,8 +639,9 @@ def model_block(report: dict, m: int, hw: dict = H200_MODEL,
                 replace: dict | None = None) -> dict:
     """The modelled time of the block's launches at m tokens, from a compile report
     (`inspect_kernels` with m among its ms): per launch its time and what bounds it,
-    then the total with one `gap` per launch. `replace`: {kernel: variant} compiled
-    elsewhere (another implementation of that GEMM) to model in its place."""
+    then the total with one `gap` per launch. `replace`: {Triton kernel: a variant
+    compiled elsewhere} to model in that launch's place, with its own tiles and no
+    split (appendix F's Gluon kernels name the kernel they replace in `stands_for`)."""
     d, f = report["hidden_size"], report["intermediate_size"]
     launched = sorted((x["index"], v, x["grid"]) for v in report["variants"]
                       for x in v["launches"] if x["m"] == m and x["workload"] == "block")
@@ -643,13 +650,16 @@ def model_block(report: dict, m: int, hw: dict = H200_MODEL,
                          f"{report['ms']}")
     rows, split = [], 1
     for _, v, grid in launched:
-        v = (replace or {}).get(v["kernel"], v)
-        if v["kernel"] in GEMM_SHAPES or v.get("stands_for") in GEMM_SHAPES:
-            g = dict(v, kernel=v.get("stands_for", v["kernel"]))
-            r = _gemm_time(g, m, grid, d, f, hw)
+        kind = v["kernel"]
+        if kind in (replace or {}):
+            v = replace[kind]
+            n, bm = GEMM_SHAPES[kind](d, f)[0], v["constexprs"]["BLOCK_M"]
+            grid = [-(-m // bm) * -(-n // v["constexprs"]["BLOCK_N"]), 1]
+        if kind in GEMM_SHAPES:
+            r = _gemm_time(dict(v, kernel=kind), m, grid, d, f, hw)
             split = r["split"]
         else:
-            r = _other_time(v["kernel"], m, split, d, f, hw)
+            r = _other_time(kind, m, split, d, f, hw)
         rows.append(dict(r, kernel=v["kernel"]))
     total = sum(r["time"] for r in rows) + hw["gap"] * len(rows)
     return dict(m=m, launches=rows, time=total)
@@ -660,16 +670,17 @@ MODEL_M = (1, 16, 64, 128, 1024, 4096)
 
 
 def model_rows(report: dict, ms=MODEL_M, hw: dict = H200_MODEL,
-               replace: dict | None = None) -> list[dict]:
-    """Per M: the modelled block (`model_block`), its roofline floor at the model's
-    ceilings (chapter 9's `roofline_floor_s`) and torch bf16's floor at the measured
-    bf16 rate (no implementation with bf16 weights can beat it). Times in µs."""
+               replace: dict | None = None, replace_from: int = 1) -> list[dict]:
+    """Per M: the modelled block (`model_block`, with `replace` from `replace_from`
+    tokens on), its roofline floor at the model's ceilings (chapter 9's
+    `roofline_floor_s`) and torch bf16's floor at the measured bf16 rate (no
+    implementation with bf16 weights can beat it). Times in µs."""
     from kimi_mlp.bench import roofline_floor_s
     ceil = dict(copy_bytes_per_s=hw["dram"], fp8_flop_per_s=hw["fp8"],
                 bf16_flop_per_s=hw["bf16"])
     rows = []
     for m in ms:
-        b = model_block(report, m, hw, replace)
+        b = model_block(report, m, hw, replace if m >= replace_from else None)
         rows.append(dict(
             m=m, launches=len(b["launches"]), us=1e6 * b["time"],
             floor_us=1e6 * roofline_floor_s(m, ceil),
@@ -694,11 +705,12 @@ def format_model(rows: list[dict]) -> str:
 MODEL_SCHEMA = "kimi-mlp-model/1"
 
 
-def model_entry(report: dict, replace: dict | None = None, ms=MODEL_M,
-                hw: dict = H200_MODEL) -> dict:
+def model_entry(report: dict, replace: dict | None = None, replace_from: int = 1,
+                ms=MODEL_M, hw: dict = H200_MODEL) -> dict:
     "What was compiled (releases, target, shapes), and the model's rows for it."
     keys = ("triton", "ptxas", "target", "hidden_size", "intermediate_size")
-    return dict({k: report[k] for k in keys}, rows=model_rows(report, ms, hw, replace))
+    return dict({k: report[k] for k in keys},
+                rows=model_rows(report, ms, hw, replace, replace_from))
 
 
 def write_model(path, entries: dict, hw: dict = H200_MODEL) -> None:
