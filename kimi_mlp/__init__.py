@@ -25,7 +25,9 @@ _LAZY = {"FusedFp8DenseMLP": "fused", "fused_ffn_block": "fused",
          "TensorParallelFFN": "parallel", "load_dense_shard": "parallel",
          "tp_ffn_block": "parallel",
          # inside a Hugging Face DeepseekV3 model (chapter 11); Triton for "fused"
-         "fuse_ffn": "hf", "FusedMLP": "hf"}
+         "fuse_ffn": "hf", "FusedMLP": "hf",
+         # the Gluon GEMMs for Hopper (appendix F), opt-in
+         "GluonFp8DenseMLP": "gluon"}
 
 
 def __getattr__(name):

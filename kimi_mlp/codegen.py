@@ -554,7 +554,8 @@ def format_table(report: dict) -> str:
 #: the cycles a `wgmma.wait_group 0` adds beyond the dot (the tensor pipe empties), and
 #: `gap` the cost of a kernel boundary (one kernel's last wave ends, the next ramps up).
 H200_MODEL = dict(sms=H200_SMS, dram=4.3e12, fp8=1.576e15, l2=10e12, clock=1.83e9,
-                  drain=100, gap=2e-6, bf16=7.88e14, smem_per_sm=228 * 1024, regs_per_sm=65536)
+                  drain=100, gap=2e-6, bf16=7.88e14, smem_per_sm=228 * 1024,
+                  regs_per_sm=65536)
 
 #: Per GEMM kernel of the block: (N, K, weights) as functions of (hidden, intermediate).
 GEMM_SHAPES = {"_gate_up_swiglu_quant_kernel": lambda d, f: (f, d, 2),
@@ -644,7 +645,8 @@ def model_block(report: dict, m: int, hw: dict = H200_MODEL,
     split (appendix F's Gluon kernels name the kernel they replace in `stands_for`)."""
     d, f = report["hidden_size"], report["intermediate_size"]
     launched = sorted((x["index"], v, x["grid"]) for v in report["variants"]
-                      for x in v["launches"] if x["m"] == m and x["workload"] == "block")
+                      for x in v["launches"]
+                      if x["m"] == m and x["workload"] == "block")
     if not launched:
         raise ValueError(f"m: the report compiled no launch at M = {m}; its ms: "
                          f"{report['ms']}")
@@ -692,12 +694,12 @@ def model_rows(report: dict, ms=MODEL_M, hw: dict = H200_MODEL,
 
 def format_model(rows: list[dict]) -> str:
     "The model's rows as a table: time, launches, share of the floor, against bf16."
-    out = [f"{'M':>5} {'launches':>8} {'model µs':>9} {'floor µs':>9} {'floor/model':>11}"
-           f" {'bf16 floor µs':>13} {'bf16/model':>10}"]
+    out = [f"{'M':>5} {'launches':>8} {'model µs':>9} {'floor µs':>9}"
+           f" {'floor/model':>11} {'bf16 floor µs':>13} {'bf16/model':>10}"]
     for r in rows:
-        out.append(f"{r['m']:>5} {r['launches']:>8} {r['us']:>9.1f} {r['floor_us']:>9.1f}"
-                   f" {r['floor_us'] / r['us']:>11.0%} {r['bf16_us']:>13.1f}"
-                   f" {r['bf16_us'] / r['us']:>9.2f}x")
+        out.append(f"{r['m']:>5} {r['launches']:>8} {r['us']:>9.1f}"
+                   f" {r['floor_us']:>9.1f} {r['floor_us'] / r['us']:>11.0%}"
+                   f" {r['bf16_us']:>13.1f} {r['bf16_us'] / r['us']:>9.2f}x")
     return "\n".join(out)
 
 

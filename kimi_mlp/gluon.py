@@ -375,7 +375,8 @@ def _desc(t: torch.Tensor, block: list) -> TensorDescriptor:
 def _check_gluon_operands(a_name, a, s_name, a_s, w_name, w, ws_name, w_s,
                           warmup: bool) -> tuple:
     """Chapter 7's operand checks, then what TMA needs (K a multiple of 16, rows
-    16-byte aligned, contiguous) and, unless `warmup`, a Hopper GPU. Returns (M, N, K)."""
+    16-byte aligned, contiguous) and, unless `warmup`, a Hopper GPU. Returns (M, N,
+    K)."""
     m, n, k = kernels._check_fp8_operands(a_name, a, s_name, a_s, w_name, w, ws_name,
                                           w_s)
     if k % 16 or not kernels._tma_ok(a, w):
@@ -390,7 +391,8 @@ def _check_gluon_operands(a_name, a, s_name, a_s, w_name, w, ws_name, w_s,
 
 def check_gluon_device(device: torch.device) -> None:
     "Refuse, in one line, a device the Gluon kernels cannot run on."
-    if kernels.INTERPRETED or device.type != "cuda" or kernels.device_arch(device) != 90:
+    if (kernels.INTERPRETED or device.type != "cuda"
+            or kernels.device_arch(device) != 90):
         raise RuntimeError(
             f"the Gluon kernels need a Hopper GPU (compute capability 9.0: `wgmma` and "
             f"TMA), and Triton's interpreter cannot run them; got "
@@ -457,8 +459,8 @@ def gluon_gate_up_swiglu_quant(x_fp8, x_scale, gate_w, gate_scale, up_w, up_scal
     return out, scale_out
 
 # %% ../book/appendix_f_gluon.ipynb #79886bed
-#: From this many tokens on, `GluonFp8DenseMLP` runs the two GEMMs in Gluon (chapter 7's
-#: prefill rows, M > 256); below, chapter 7's split-K launches, which these kernels lack.
+#: From this many tokens on, `GluonFp8DenseMLP` runs the two GEMMs in Gluon (chapter
+#: 7's prefill rows, M > 256); below, chapter 7's split-K launches, which these lack.
 GLUON_MIN_M = 257
 
 

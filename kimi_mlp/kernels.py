@@ -928,8 +928,8 @@ def plan_gemm(kind: str, m: int, n: int, k: int, num_sms: int,
     kind: "gemm" (also "down") or "gate_up" (two weights, SwiGLU); num_sms: the GPU's SM
     count; `split_k` forces the slices (at most one per K step); `budget` caps the
     partials' share of the weight bytes (None: the cost alone decides); `tiles`: a
-    measured table (see `_tile_row`); `arch`: the GPU family, 90 (Hopper, the default) or 89
-    (Ada). Returns m's tile row plus: arch, tiles, split_k, steps (of the
+    measured table (see `_tile_row`); `arch`: the GPU family, 90 (Hopper, the
+    default) or 89 (Ada). Returns m's tile row plus: arch, tiles, split_k, steps (of the
     longest slice), programs, waves (programs / num_sms), wave_eff (the useful share of
     the SM-steps the waves last), per_sm (programs an SM holds by shared memory and
     registers), smem (estimated bytes), weight_bytes, partial_bytes, partial_share."""
