@@ -437,9 +437,9 @@ def gluon_gate_up_swiglu_quant(x_fp8, x_scale, gate_w, gate_scale, up_w, up_scal
     scales [M, ceil(F/128)]); warmup: compile only, returns the kernel."""
     m, f, k = _check_gluon_operands("x_fp8", x_fp8, "x_scale", x_scale, "gate_w",
                                     gate_w, "gate_scale", gate_scale, warmup)
-    _check_gluon_operands("x_fp8", x_fp8, "x_scale", x_scale, "up_w", up_w, "up_scale",
-                          up_scale, warmup)
     dev = x_fp8.device
+    kernels._check_tensor("up_w", up_w, kernels.FP8_DTYPE, (f, k), dev)
+    kernels._check_tensor("up_scale", up_scale, torch.float32, gate_scale.shape, dev)
     out = torch.empty(m, f, dtype=kernels.FP8_DTYPE, device=dev) if out is None else out
     scale_out = (torch.empty(m, -(-f // 128), device=dev) if scale_out is None
                  else scale_out)
@@ -481,6 +481,8 @@ class GluonFp8DenseMLP(FusedFp8DenseMLP):
     """`FusedFp8DenseMLP` with the Gluon GEMMs from GLUON_MIN_M tokens on: an opt-in
     implementation for Hopper. Appendix C's GPU check (`--path gluon`) compares it
     with the Triton launches before any default may use it."""
+
+    path = "gluon"                # the GPU check's name for these launches
 
     def __init__(self, block):
         check_gluon_device(block.post_attention_layernorm.weight.device)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ['GPUCHECK_BOUNDS', 'TENSOR_CORE_CHECKS', 'GPUCHECK_M', 'GPUCHECK_HEADER', 'GPUCHECK_SMOKE_M', 'MAX_M', 'dequantized_weights', 'torch_bf16_ffn', 'checked_launches', 'normed_and_quantized', 'check_block_once', 'w8a16_bounds', 'check_w8a16_once', 'rounding_outputs', 'native_matches_integer', 'time_block', 'gpucheck_main']
+__all__ = ['GPUCHECK_BOUNDS', 'TENSOR_CORE_CHECKS', 'GPUCHECK_M', 'GPUCHECK_HEADER', 'GPUCHECK_SMOKE_M', 'MAX_M', 'dequantized_weights', 'torch_bf16_ffn', 'checked_launches', 'normed_and_quantized', 'check_block_once', 'w8a16_bounds', 'check_w8a16_once', 'gluon_bounds', 'check_gluon_once', 'rounding_outputs', 'native_matches_integer', 'time_block', 'gpucheck_main']
 
 # %% ../book/appendix_c_measuring.ipynb #beab2755
 # kimi_mlp.gpu_check: the fused block at the real shapes against its references.
@@ -160,6 +160,40 @@ def check_w8a16_once(block: nn.Module, h: torch.Tensor, fused,
                    and r["deepgemm_vs_bf16"] < bounds["deepgemm_vs_bf16"])
     return r
 
+# %% ../book/appendix_c_measuring.ipynb #3e315f2c
+def gluon_bounds() -> dict:
+    "The Gluon row's bounds: the FP8 row's block bound and DeepGEMM's 1e-3."
+    return {k: GPUCHECK_BOUNDS[k] for k in ("block_vs_w8a8", "deepgemm_vs_w8a16")}
+
+
+def check_gluon_once(block: nn.Module, h: torch.Tensor, fused,
+                     w_bf16: dict | None = None) -> dict:
+    """The Gluon checks for one input h [M, d] bf16; `fused`: a `GluonFp8DenseMLP` of
+    `block`. Its output and that of chapter 8's Triton launches (poisoned
+    allocations), each against the block's `mode="w8a8"` within `gluon_bounds` plus the
+    tensor cores' share, and DeepGEMM's measure against torch bf16; verdict `ok`."""
+    from kimi_mlp.fused import FusedFp8DenseMLP, deepgemm_measure, tensor_core_shares
+    r, mode = {"m": h.shape[0], "path": "gluon"}, block.mlp.mode
+    with torch.no_grad():
+        with poisoned_allocations():
+            out, triton_out = fused(h), FusedFp8DenseMLP(block)(h)
+        try:
+            block.mlp.mode = "w8a8"
+            ref = block(h)
+        finally:
+            block.mlp.mode = mode
+        w16 = w_bf16 if w_bf16 is not None else dequantized_weights(block)
+        r["block_vs_w8a8"] = relative_error(out - h, ref - h)
+        r["triton_vs_w8a8"] = relative_error(triton_out - h, ref - h)
+        r["deepgemm_vs_w8a16"] = deepgemm_measure(out, torch_bf16_ffn(h, block, w16))
+        share = tensor_core_shares(block, h)["block"]
+    r["bounds"] = b = dict(gluon_bounds())
+    b["block_vs_w8a8"] += share
+    r["ok"] = bool(r["block_vs_w8a8"] <= b["block_vs_w8a8"]         # NaN: False
+                   and r["triton_vs_w8a8"] <= b["block_vs_w8a8"]
+                   and r["deepgemm_vs_w8a16"] < b["deepgemm_vs_w8a16"])
+    return r
+
 # %% ../book/appendix_c_measuring.ipynb #8e3a5c19
 def rounding_outputs(block: nn.Module, h: torch.Tensor) -> list:
     """Every kernel that rounds, on h [M, d] bf16 and on a NaN-laced copy of it: both
@@ -204,7 +238,8 @@ GPUCHECK_M = (1, 3, 16, 33, 128, 512, 1024, 4096)
 GPUCHECK_HEADER = {
     "w8a8": f"{'M':>5} {'norm bits':>9} {'native':>6} {'gemm':>8} {'act':>8} "
             f"{'vs w8a8':>8} {'DeepGEMM':>9}",
-    "w8a16": f"{'M':>5} {'acts':>9} {'vs w8a16':>9} {'DeepGEMM':>9}"}
+    "w8a16": f"{'M':>5} {'acts':>9} {'vs w8a16':>9} {'DeepGEMM':>9}",
+    "gluon": f"{'M':>5} {'gluon':>8} {'triton':>8} {'DeepGEMM':>9} {'triton us':>9}"}
 
 
 GPUCHECK_SMOKE_M = (1, 3, 17)
@@ -247,9 +282,11 @@ def _gpucheck_parser() -> argparse.ArgumentParser:
                    help="record this commit (for a tree copied without .git)")
     p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes (hidden 320, "
                    "intermediate 704), no timings: tests the script itself")
-    p.add_argument("--path", choices=("auto", "w8a8", "w8a16"), default="auto",
+    p.add_argument("--path", choices=("auto", "w8a8", "w8a16", "gluon"),
+                   default="auto",
                    help="the fused module's launches: auto (the GPU family's), the FP8 "
-                        "ones (compute capability 8.9 or more) or the W8A16 ones")
+                        "ones (compute capability 8.9 or more), the W8A16 ones, or the "
+                        "FP8 ones with appendix F's Gluon GEMMs (Hopper)")
     return p
 
 
@@ -285,6 +322,12 @@ def _gpucheck_line(r: dict) -> str:
     tf, tb = r["fused_ms"], r["torch_bf16_ms"]
     times = (f"{tf * 1e3:9.1f} {tb * 1e3:9.1f} {tb / tf:7.2f} {r['timer']:>9}" if tf
              else f"{'n/a':>9} {'n/a':>9} {'n/a':>7} {'-':>9}")
+    if r.get("path") == "gluon":
+        tt = r.get("triton_ms")
+        return (f"{r['m']:>5} {r['block_vs_w8a8']:8.1e} {r['triton_vs_w8a8']:8.1e} "
+                f"{r['deepgemm_vs_w8a16']:9.1e} "
+                f"{'n/a' if tt is None else f'{tt * 1e3:.1f}':>9} {times}  "
+                f"{'OK' if r['ok'] else 'FAIL'}")
     if r.get("path") == "w8a16":
         return (f"{r['m']:>5} {r['act_dtype'][6:]:>9} {r['block_vs_w8a16']:9.1e} "
                 f"{r['deepgemm_vs_bf16']:9.1e} {times}  {'OK' if r['ok'] else 'FAIL'}")
@@ -301,8 +344,8 @@ class _CheckLog:
 
     def __init__(self, out, kind: str, shapes: dict, ms, env: dict, path: str):
         self.out, self.kind, self.shapes, self.env = out, kind, shapes, env
-        self.path, self.bounds = path, (w8a16_bounds() if path == "w8a16"
-                                        else GPUCHECK_BOUNDS)
+        self.path, self.bounds = path, {"w8a16": w8a16_bounds, "gluon": gluon_bounds}.get(
+            path, lambda: GPUCHECK_BOUNDS)()
         self.earlier = [] if out is None else _earlier_rows(out, kind, shapes, ms, path)
         self.lines: list[str] = []
         self.rows: list[dict] = []
@@ -335,6 +378,11 @@ class _CheckLog:
 # %% ../book/appendix_c_measuring.ipynb #40546d81
 def _gpucheck_refusal(cpu_smoke: bool, path: str = "auto") -> str | None:
     "Why the check cannot run here, or None."
+    if path == "gluon" and not (torch.cuda.is_available()
+                                and torch.cuda.get_device_capability()[0] == 9):
+        return ("--path gluon: appendix F's Gluon kernels need a Hopper GPU (compute "
+                "capability 9.0) and do not run under Triton's interpreter, so there "
+                "is no --cpu-smoke for them")
     if not torch.cuda.is_available():
         if cpu_smoke:
             return None
@@ -349,13 +397,18 @@ def _check_m(block: nn.Module, fused, w16: dict, h: torch.Tensor, args,
     """One row of the table: every check on the tokens `h`, then (on a GPU) the
     timings. An error becomes the row, so the check goes on with the next M."""
     try:
-        r = (check_w8a16_once(block, h, fused, w16) if fused.mode == "w8a16"
-             else check_block_once(block, h, w16))
+        path = getattr(fused, "path", fused.mode)
+        once = {"w8a16": check_w8a16_once, "gluon": check_gluon_once}.get(path)
+        r = once(block, h, fused, w16) if once else check_block_once(block, h, w16)
         r.pop("out", None)
         r["fused_ms"] = r["torch_bf16_ms"] = r["timer"] = None
         if timed:
             graph = h.shape[0] <= args.graph_max_m
             r.update(time_block(fused, block, w16, h, graph, args.rep_ms))
+            if path == "gluon":                 # the Triton launches, timed alike
+                from kimi_mlp.fused import FusedFp8DenseMLP
+                r["triton_ms"] = time_block(FusedFp8DenseMLP(block), block, w16, h,
+                                            graph, args.rep_ms)["fused_ms"]
         return r
     except Exception as e:
         msg = str(e).strip().splitlines()
@@ -380,16 +433,20 @@ def gpucheck_main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False    # float32 references stay float32
     from kimi_mlp.fused import FusedFp8DenseMLP, random_dense_block   # the kernels
     block = random_dense_block(d, f, device=device, seed=args.seed)
-    fused = FusedFp8DenseMLP(block, mode=None if args.path == "auto" else args.path)
-    w16 = dequantized_weights(block)
+    if args.path == "gluon":
+        from kimi_mlp.gluon import GluonFp8DenseMLP
+        fused = GluonFp8DenseMLP(block)
+    else:
+        fused = FusedFp8DenseMLP(block, mode=None if args.path == "auto" else args.path)
+    w16, path = dequantized_weights(block), getattr(fused, "path", fused.mode)
     log = _CheckLog(args.out, "measurement" if timed else "cpu-smoke",
-                    {"hidden_size": d, "intermediate_size": f}, ms, env, fused.mode)
+                    {"hidden_size": d, "intermediate_size": f}, ms, env, path)
     log.say(f"gpucheck: {env.get('gpu', 'CPU (Triton interpreter)')}, torch "
-            f"{env['torch']}, triton {env['triton']}, launches {fused.mode}"
+            f"{env['torch']}, triton {env['triton']}, launches {path}"
             f"{'' if timed else ', smoke test: no timings'}")
     log.say(f"block: hidden {d}, intermediate {f}, built in "
             f"{time.perf_counter() - t0:.1f} s")
-    log.say(f"{GPUCHECK_HEADER[fused.mode]} {'fused us':>9} {'bf16 us':>9} "
+    log.say(f"{GPUCHECK_HEADER[path]} {'fused us':>9} {'bf16 us':>9} "
             f"{'speedup':>7} {'timer':>9}  ok")
     for i, m in enumerate(ms):
         gen = torch.Generator(device=device).manual_seed(args.seed * 1000 + 17 + i)
@@ -397,7 +454,7 @@ def gpucheck_main(argv=None) -> int:
         log.add(_check_m(block, fused, w16, h, args, timed))
     bounds = ", ".join(f"{k} {'<' if k.startswith('deepgemm') else '<='} {v:.3g}"
                        for k, v in log.bounds.items())
-    log.say(f"bounds: {bounds}" if fused.mode == "w8a16" else
+    log.say(f"bounds: {bounds}" if path != "w8a8" else
             f"bounds: norm bits identical, native roundings = integer ones, {bounds}; "
             f"{', '.join(TENSOR_CORE_CHECKS)} plus the tensor cores' share (chapter "
             "7's model, per M in the record)")
