@@ -521,6 +521,7 @@ def test_a_report_on_a_gpu_gives_a_notebook_what_is_left_of_its_budget(fake_gpu,
     ("ch9", "--steps notebooks --notebooks 09_benchmarks.ipynb --budget-s 410"),
     ("bench-w8a16", None),
     ("check-w8a16", None),
+    ("check-gluon", None),
 ])
 def test_the_gpu_day_steps_call_the_report(tmp_path, step, expected):
     """tools/gpu_day.sh, with `echo` standing in for Python: each step is one gpu-report
@@ -536,7 +537,9 @@ def test_the_gpu_day_steps_call_the_report(tmp_path, step, expected):
             if expected else f"-m kimi_mlp bench --path w8a16 --out {tmp_path / 'out'} "
             "--git-commit abc --budget-s 350" if step == "bench-w8a16" else
             "-m kimi_mlp.gpucheck --path w8a16 --m 1,16,128,4096 --out "
-            f"{tmp_path / 'out' / 'w8a16'} --git-commit abc")
+            f"{tmp_path / 'out' / 'w8a16'} --git-commit abc" if step == "check-w8a16" else
+            "-m kimi_mlp.gpucheck --path gluon --m 512,1024,4096 --out "
+            f"{tmp_path / 'out' / 'gluon'} --git-commit abc")
     assert res.stdout.strip() == want
     bad = subprocess.run(["bash", str(root / "tools" / "gpu_day.sh"), "warm",
                           str(tmp_path / "out")], capture_output=True, text=True, env=env)

@@ -15,9 +15,12 @@
 #   bench-w8a16     the same sweep on chapter 7's W8A16 path (on an FP8 GPU: W8A16 there)
 #   check-w8a16     the GPU check of the W8A16 launches at M = 1, 16, 128, 4096, into
 #                   OUT/w8a16/ (its own gpucheck.json beside the FP8 one)
+#   check-gluon     the GPU check of appendix F's Gluon GEMMs (Hopper) at M = 512, 1024,
+#                   4096, against the same oracle as the Triton ones and timed beside
+#                   them, into OUT/gluon/
 #   ch7 | ch8 | ch9 one chapter executed on the GPU
 # In this order on one GPU: check-decode, check-prefill, bench, ch7, ch8, ch9, bench-w8a16,
-# check-w8a16.
+# check-w8a16, check-gluon.
 #
 # Compiled kernels go to TRITON_CACHE_DIR, by default .triton-cache/ in the tree (ignored by
 # git), so a later step on the same machine reuses what an earlier one compiled; fused
@@ -57,6 +60,9 @@ case "$step" in
     check-w8a16)   timeout --foreground --signal=INT --kill-after=15 "$limit" \
                        "$py" -m kimi_mlp.gpucheck --path w8a16 --m 1,16,128,4096 \
                        --out "$out/w8a16" --git-commit "$commit" ;;
+    check-gluon)   timeout --foreground --signal=INT --kill-after=15 "$limit" \
+                       "$py" -m kimi_mlp.gpucheck --path gluon --m 512,1024,4096 \
+                       --out "$out/gluon" --git-commit "$commit" ;;
     ch7)           report --steps notebooks --notebooks 07_kernels.ipynb --budget-s $((limit - 60)) ;;
     ch8)           report --steps notebooks --notebooks 08_fused_mlp.ipynb --budget-s $((limit - 60)) ;;
     ch9)           report --steps notebooks --notebooks 09_benchmarks.ipynb --budget-s $((limit - 60)) ;;
