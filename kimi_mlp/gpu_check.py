@@ -344,8 +344,8 @@ class _CheckLog:
 
     def __init__(self, out, kind: str, shapes: dict, ms, env: dict, path: str):
         self.out, self.kind, self.shapes, self.env = out, kind, shapes, env
-        self.path, self.bounds = path, {"w8a16": w8a16_bounds, "gluon": gluon_bounds}.get(
-            path, lambda: GPUCHECK_BOUNDS)()
+        bounds = {"w8a16": w8a16_bounds, "gluon": gluon_bounds}
+        self.path, self.bounds = path, bounds.get(path, lambda: GPUCHECK_BOUNDS)()
         self.earlier = [] if out is None else _earlier_rows(out, kind, shapes, ms, path)
         self.lines: list[str] = []
         self.rows: list[dict] = []
