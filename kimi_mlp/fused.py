@@ -164,32 +164,39 @@ def fused_ffn_block(h: torch.Tensor, block: nn.Module) -> torch.Tensor:
 # %% ../book/08_fused_mlp.ipynb #5d0b3c62
 def _scratch(m: int, d: int, f: int, plans, device) -> tuple:
     """The intermediates of one call for m tokens: x (e4m3, and its bytes as the kernels
-    write them), its scales, the same for the gated product p, and the split-K partials
-    of each GEMM (None with one slice)."""
+    write them), its scales, the same for the gated product p, and for each GEMM the
+    split-K partials and the tiles' arrival counters (None, None with one slice). The
+    counters are zeroed here, once: every launch leaves them zero."""
     def empty(*shape, dtype=torch.float32):
         return torch.empty(*shape, dtype=dtype, device=device)
 
+    def split_k(plan, *shape):                          # partials, counters
+        if plan["split_k"] == 1:
+            return None, None
+        zeros = torch.zeros(plan["tiles"], dtype=torch.int32, device=device)
+        return empty(plan["split_k"], *shape), zeros
+
     x, p = empty(m, d, dtype=FP8_DTYPE), empty(m, f, dtype=FP8_DTYPE)
     (gu, dn), cols = plans, lambda n: -(-n // 128)
-    part_gu = empty(gu["split_k"], 2, m, f) if gu["split_k"] > 1 else None
-    part_dn = empty(dn["split_k"], m, d) if dn["split_k"] > 1 else None
     return (x, x.view(torch.uint8), empty(m, cols(d)), p, p.view(torch.uint8),
-            empty(m, cols(f)), part_gu, part_dn)
+            empty(m, cols(f)), *split_k(gu, 2, m, f), *split_k(dn, m, d))
 
 
 def _ffn_launches(rows, t: FfnTensors, weights, plans, scratch):
     """The launches of the FFN half on contiguous [M, d] bf16 rows, no checks: t the
     block's tensors, weights (gate, up, down) as the kernels read them
     (`kernels._weight_operands`), plans the two GEMMs' (`kernels._plan_for`), scratch
-    the intermediates (`_scratch`). Returns a new [M, d] bf16 tensor."""
-    x, x_codes, x_scale, p, p_codes, p_scale, part_gu, part_dn = scratch
+    the intermediates (`_scratch`). Three launches, split or not (split-K's sums are
+    folded into the GEMMs). Returns a new [M, d] bf16 tensor."""
+    x, x_codes, x_scale, p, p_codes, p_scale, *split = scratch
     (gate, up, down), (plan_gu, plan_dn) = weights, plans
+    part_gu, cnt_gu, part_dn, cnt_dn = split
     kernels._launch_rmsnorm_quant(rows, t.norm_weight, t.eps, x_codes, x_scale)  # 1
     kernels._launch_gate_up(x, x_scale, gate, t.gate_scale, up, t.up_scale,  # 2
-                            p_codes, p_scale, None, plan_gu, part_gu)
+                            p_codes, p_scale, None, plan_gu, part_gu, counters=cnt_gu)
     out = torch.empty_like(rows)
     return kernels._launch_gemm(p, p_scale, down, t.down_scale, out, rows,  # 3
-                                plan_dn, part_dn)
+                                plan_dn, part_dn, cnt_dn)
 
 # %% ../book/08_fused_mlp.ipynb #d3e4ed3d
 def _w8a16_scratch(m: int, d: int, f: int, plans, device, dtype) -> tuple:

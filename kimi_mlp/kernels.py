@@ -707,19 +707,23 @@ def _acc_offsets(rm, rn, m_ok, n_ok, N, SWAP: tl.constexpr):
 
 # %% ../book/07_kernels.ipynb #d9ce4c7b
 @triton.jit
-def _fp8_gemm_kernel(a_ptr, a_s_ptr, w_ptr, w_s_ptr, c_ptr, r_ptr, M, N, K, stride_a,
-                     splits, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SWAP: tl.constexpr,
+def _fp8_gemm_kernel(a_ptr, a_s_ptr, w_ptr, w_s_ptr, c_ptr, r_ptr, ws_ptr, cnt_ptr, M,
+                     N, K, stride_a, splits, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     GROUP_M: tl.constexpr, SWAP: tl.constexpr,
                      TMA_A: tl.constexpr, TMA_W: tl.constexpr, SPLIT: tl.constexpr,
-                     HAS_RESIDUAL: tl.constexpr, ROUND_BF16: tl.constexpr,
-                     EXACT_DOT: tl.constexpr, NATIVE: tl.constexpr):
+                     FOLD: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                     ROUND_BF16: tl.constexpr, EXACT_DOT: tl.constexpr,
+                     NATIVE: tl.constexpr):
     """C[M, N] = A @ W^T with DeepSeek's block scales: one BLOCK_M x BLOCK_N tile of C
     per program, its K steps cut into `splits` balanced slices (grid: tiles, splits).
 
     a: [M, K] e4m3 (row stride stride_a), a_s: [M, ceil(K/128)] fp32; w: [N, K] e4m3,
     w_s: [ceil(N/128), ceil(K/128)] fp32 (a, w: TMA descriptors when TMA_A, TMA_W).
-    SWAP: the accumulator is [BLOCK_N, BLOCK_M]. SPLIT: store the fp32 partial in c[s]
-    of a [splits, M, N] workspace; else the epilogue (bf16, optional residual r)."""
+    SWAP: the accumulator is [BLOCK_N, BLOCK_M]. The epilogue: c = the sum in c's
+    dtype (+ the residual r, rounded). SPLIT: store the fp32 partial in ws[s] of a
+    [splits, M, N] workspace; with FOLD the tile's last slice to arrive (counters cnt:
+    [tiles] int32) sums them and runs the epilogue, else `_split_k_reduce_kernel`."""
     _, off_m, off_n, rm, rn, m_ok, n_ok, k_steps, lo, hi = _program_tile(
         M, N, K, splits, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     acc = _zero_acc(BLOCK_M, BLOCK_N, SWAP)
@@ -731,7 +735,12 @@ def _fp8_gemm_kernel(a_ptr, a_s_ptr, w_ptr, w_s_ptr, c_ptr, r_ptr, M, N, K, stri
         acc += _scaled(_mma(a, w, SWAP, EXACT_DOT), a_s, w_s, SWAP)
     offs, mask = _acc_offsets(rm, rn, m_ok, n_ok, N, SWAP)
     if SPLIT:
-        tl.store(c_ptr + tl.program_id(1) * M * N + offs, acc, mask=mask)
+        tl.store(ws_ptr + tl.program_id(1) * M * N + offs, acc, mask=mask)
+        if FOLD:
+            if _last_of_tile(cnt_ptr, splits):          # all slices stored: sum them
+                total = _sum_slices(ws_ptr, offs, mask, splits, M * N)
+                _epilogue(total, r_ptr, c_ptr, offs, mask, HAS_RESIDUAL, ROUND_BF16,
+                          NATIVE)
     else:
         _epilogue(acc, r_ptr, c_ptr, offs, mask, HAS_RESIDUAL, ROUND_BF16, NATIVE)
 
@@ -749,6 +758,37 @@ def _split_k_reduce_kernel(ws_ptr, r_ptr, c_ptr, numel, splits, BLOCK: tl.conste
         acc += tl.load(ws_ptr + s * numel + offs, mask=mask, other=0.0)
     _epilogue(acc, r_ptr, c_ptr, offs, mask, HAS_RESIDUAL, ROUND_BF16, NATIVE)
 
+# %% ../book/07_kernels.ipynb #49c861b5
+@triton.jit
+def _last_of_tile(cnt_ptr, splits):
+    """Called by every slice of a tile once its partial is stored: counts the arrival in
+    the tile's int32 counter and says whether this program came last; the last one
+    sets the counter back to 0, ready for the next launch.
+
+    Memory order on a GPU: `debug_barrier` (bar.sync) waits until every thread of the
+    program has stored its part of the partial; then one thread's atomic, acq_rel at
+    gpu scope, releases those stores to the other programs and acquires theirs. Triton
+    hands the atomic's result to all threads through shared memory behind another
+    barrier, so the last program's loads of the partials come after the acquire; they
+    load with .cg (L2, not the SM's L1, which is not coherent across SMs)."""
+    tl.debug_barrier()
+    tile = tl.program_id(0)
+    arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
+    last = arrived == splits - 1
+    tl.store(cnt_ptr + tile, 0, mask=last)
+    return last
+
+
+@triton.jit
+def _sum_slices(ws_ptr, offs, mask, splits, stride):
+    """One tile's partials ws[s * stride + offs] summed in slice order 0, 1, ..., as
+    the reduction kernels sum them, so the same bits whichever slice comes last."""
+    acc = tl.load(ws_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
+    for s in range(1, splits):
+        acc += tl.load(ws_ptr + s * stride + offs, mask=mask, other=0.0,
+                       cache_modifier=".cg")
+    return acc
+
 # %% ../book/07_kernels.ipynb #4405129d
 def _tiles(swap, block_m, warps, stages, regs, tma_a=False, group_m=8):
     """One row of GEMM_TILES: a BLOCK_M x 128 tile of C (128 weight rows), K steps of
@@ -761,7 +801,8 @@ def _tiles(swap, block_m, warps, stages, regs, tma_a=False, group_m=8):
 #: bound applies. SWAP: the tokens on the tensor cores' narrow side (16, 32 or 64:
 #: tl.dot needs 16 at least). `regs`: a ceiling, the most registers a thread uses in
 #: any launch of the block, appendix C's GPU check or appendix E's benchmark (ptxas for
-#: sm_90a under triton 3.6 and 3.9), for the occupancy estimate;
+#: sm_90a under triton 3.6 and 3.9; the split-K reduction folded into the GEMMs:
+#: 3.9 only), for the occupancy estimate;
 #: `num_stages`: the software pipeline's shared-memory buffers.
 GEMM_TILES = {
     "gemm": ((16, _tiles(True, 16, 4, 6, 96)),
@@ -770,7 +811,7 @@ GEMM_TILES = {
              (256, _tiles(False, 64, 4, 4, 168, tma_a=True)),
              (None, _tiles(False, 128, 8, 4, 184, tma_a=True))),
     "gate_up": ((16, _tiles(True, 16, 4, 4, 128)),
-                (32, _tiles(True, 32, 4, 4, 200)),
+                (32, _tiles(True, 32, 4, 4, 201)),
                 (64, _tiles(True, 64, 8, 4, 255)),
                 (256, _tiles(False, 64, 8, 4, 176, tma_a=True)),
                 (None, _tiles(False, 128, 8, 3, 255, tma_a=True))),
@@ -790,7 +831,7 @@ MIN_STEPS, MAX_SPLIT = 4, 32
 #: Ada measurement is stored yet.
 ADA_TILES = {
     "gemm": ((16, _tiles(False, 16, 4, 3, 112)),
-             (32, _tiles(False, 32, 4, 3, 168)),
+             (32, _tiles(False, 32, 4, 3, 180)),
              (64, _tiles(False, 64, 8, 3, 184)),
              (256, _tiles(False, 64, 8, 3, 184)),
              (None, _tiles(False, 64, 8, 3, 184))),
@@ -834,7 +875,7 @@ TURING_TILES = {
 #: run them.
 BLACKWELL_TILES = {
     "gemm": ((16, _tiles(True, 16, 4, 6, 106)),
-             (32, _tiles(True, 32, 4, 6, 248)),
+             (32, _tiles(True, 32, 4, 6, 254)),
              (64, _tiles(True, 64, 8, 5, 198)),
              (256, _tiles(False, 64, 4, 4, 140, tma_a=True)),
              (None, _tiles(False, 128, 8, 4, 141, tma_a=True))),
@@ -1143,30 +1184,34 @@ def _act_operand(a, plan):
     return a, False
 
 # %% ../book/07_kernels.ipynb #1e77b0a6
-def _launch_gemm(a, a_s, w, w_s, out, residual, plan, ws=None):
-    """Launch the GEMM `plan` describes (and split-K's reduction) on validated tensors
-    into `out`: w is the weight or its descriptor (`_weight_operands`), residual may be
-    None, ws an optional [split_k, M, N] fp32 workspace."""
+def _launch_gemm(a, a_s, w, w_s, out, residual, plan, ws=None, counters=None,
+                 force_reduce=False):
+    """Launch the GEMM `plan` describes on validated tensors into `out`: w is the
+    weight or its descriptor (`_weight_operands`), residual may be None. Split-K, one
+    launch: ws an optional [split_k, M, N] fp32 workspace and counters an optional
+    [tiles] int32 one, all zero (None: allocated here, by `torch.zeros`, a fill launch
+    on a GPU), which the launch leaves zero. `force_reduce`: the reference, two
+    launches, the split kernel then `_split_k_reduce_kernel` (with any split_k)."""
     m, k = a.shape
     n, split = out.shape[1], plan["split_k"]
     a_op, tma_a = _act_operand(a, plan)
-    r = residual if residual is not None else out      # a placeholder when unused
+    r = residual if residual is not None else out      # placeholders when unused
     has_r, bf16 = residual is not None, out.dtype == torch.bfloat16
     tma_w, grid = isinstance(w, TensorDescriptor), (plan["tiles"], split)
-    native = _native(out.device)
-    if split == 1:
-        _fp8_gemm_kernel[grid](a_op, a_s, w, w_s, out, r, m, n, k, a.stride(0), 1,
-                               SPLIT=False, HAS_RESIDUAL=has_r, ROUND_BF16=bf16,
-                               NATIVE=native, TMA_A=tma_a, TMA_W=tma_w, **plan["meta"])
-        return out
-    if ws is None:
+    native, fold = _native(out.device), split > 1 and not force_reduce
+    if (fold or force_reduce) and ws is None:
         ws = torch.empty(split, m, n, dtype=torch.float32, device=out.device)
-    _fp8_gemm_kernel[grid](a_op, a_s, w, w_s, ws, r, m, n, k, a.stride(0), split,
-                           SPLIT=True, HAS_RESIDUAL=False, ROUND_BF16=False,
-                           NATIVE=native, TMA_A=tma_a, TMA_W=tma_w, **plan["meta"])
-    _split_k_reduce_kernel[(-(-m * n // 1024),)](ws, r, out, m * n, split, BLOCK=1024,
-                                                 HAS_RESIDUAL=has_r, ROUND_BF16=bf16,
-                                                 NATIVE=native)
+    if fold and counters is None:
+        counters = torch.zeros(plan["tiles"], dtype=torch.int32, device=out.device)
+    _fp8_gemm_kernel[grid](a_op, a_s, w, w_s, out, r, a_s if ws is None else ws,
+                           counters if fold else out, m, n, k, a.stride(0), split,
+                           SPLIT=fold or force_reduce, FOLD=fold, HAS_RESIDUAL=has_r,
+                           ROUND_BF16=bf16, NATIVE=native, TMA_A=tma_a, TMA_W=tma_w,
+                           **plan["meta"])
+    if force_reduce:
+        _split_k_reduce_kernel[(-(-m * n // 1024),)](
+            ws, r, out, m * n, split, BLOCK=1024, HAS_RESIDUAL=has_r, ROUND_BF16=bf16,
+            NATIVE=native)
     return out
 
 # %% ../book/07_kernels.ipynb #a9f8424d
@@ -1479,20 +1524,42 @@ def _as_rows(acc, SWAP: tl.constexpr):
     else:
         return acc
 
+
+@triton.jit
+def _split_tail(acc_g, acc_u, ws_ptr, cnt_ptr, q_ptr, q_s_ptr, p_ptr, rm, rn, m_ok,
+                n_ok, M, F, splits, group, fp8_max, amax_eps, SWAP: tl.constexpr,
+                FOLD: tl.constexpr, WRITE_P: tl.constexpr, NATIVE: tl.constexpr):
+    """A split gate/up program's end: store its sums of g and u (accumulator layout) in
+    ws [splits, 2, M, F]; with FOLD, if it is its tile's last slice to arrive, sum all
+    slices in order and run the fused epilogue on [tokens, features]."""
+    offs, mask = _acc_offsets(rm, rn, m_ok, n_ok, F, SWAP)
+    tl.store(ws_ptr + tl.program_id(1) * 2 * M * F + offs, acc_g, mask=mask)
+    tl.store(ws_ptr + (tl.program_id(1) * 2 + 1) * M * F + offs, acc_u, mask=mask)
+    if FOLD:
+        if _last_of_tile(cnt_ptr, splits):              # all slices stored: sum them
+            g = _sum_slices(ws_ptr, offs, mask, splits, 2 * M * F)
+            u = _sum_slices(ws_ptr + M * F, offs, mask, splits, 2 * M * F)
+            _swiglu_quant_store(_as_rows(g, SWAP), _as_rows(u, SWAP), q_ptr, q_s_ptr,
+                                p_ptr, rm, rn, m_ok, n_ok, F, group, fp8_max,
+                                amax_eps, WRITE_P, NATIVE)
+
 # %% ../book/07_kernels.ipynb #7b0f55c3
 @triton.jit
 def _gate_up_swiglu_quant_kernel(x_ptr, x_s_ptr, g_ptr, g_s_ptr, u_ptr, u_s_ptr, q_ptr,
-                                 q_s_ptr, ws_ptr, p_ptr, M, F, K, stride_x, splits,
-                                 fp8_max, amax_eps, BLOCK_M: tl.constexpr,
+                                 q_s_ptr, ws_ptr, cnt_ptr, p_ptr, M, F, K, stride_x,
+                                 splits, fp8_max, amax_eps, BLOCK_M: tl.constexpr,
                                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                                  GROUP_M: tl.constexpr, SWAP: tl.constexpr,
                                  TMA_A: tl.constexpr, TMA_W: tl.constexpr,
-                                 SPLIT: tl.constexpr, WRITE_P: tl.constexpr,
-                                 EXACT_DOT: tl.constexpr, NATIVE: tl.constexpr):
+                                 SPLIT: tl.constexpr, FOLD: tl.constexpr,
+                                 WRITE_P: tl.constexpr, EXACT_DOT: tl.constexpr,
+                                 NATIVE: tl.constexpr):
     """p = silu(x @ gate^T) * (x @ up^T) quantized 1 x 128, a BLOCK_M x 128 tile (whole
     groups) per program, grid and operands as `_fp8_gemm_kernel` (gate, up: [F, K]);
     q: [M, F] uint8 (e4m3 bits), q_s: [M, ceil(F/128)] fp32, p (WRITE_P): [M, F] fp32.
-    SPLIT: only store the fp32 sums of g and u in ws [splits, 2, M, F]."""
+    SPLIT: store the fp32 sums of g and u in ws [splits, 2, M, F]; with FOLD the
+    tile's last slice (counters cnt) runs the epilogue on their sums, else
+    `_swiglu_quant_reduce_kernel` does."""
     pid_n, off_m, off_n, rm, rn, m_ok, n_ok, k_steps, lo, hi = _program_tile(
         M, F, K, splits, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     acc_g = _zero_acc(BLOCK_M, BLOCK_N, SWAP)
@@ -1507,9 +1574,9 @@ def _gate_up_swiglu_quant_kernel(x_ptr, x_s_ptr, g_ptr, g_s_ptr, u_ptr, u_s_ptr,
         acc_g += _scaled(_mma(x, wg, SWAP, EXACT_DOT), x_s, g_s, SWAP)
         acc_u += _scaled(_mma(x, wu, SWAP, EXACT_DOT), x_s, u_s, SWAP)
     if SPLIT:
-        offs, mask = _acc_offsets(rm, rn, m_ok, n_ok, F, SWAP)
-        tl.store(ws_ptr + tl.program_id(1) * 2 * M * F + offs, acc_g, mask=mask)
-        tl.store(ws_ptr + (tl.program_id(1) * 2 + 1) * M * F + offs, acc_u, mask=mask)
+        _split_tail(acc_g, acc_u, ws_ptr, cnt_ptr, q_ptr, q_s_ptr, p_ptr, rm, rn, m_ok,
+                    n_ok, M, F, splits, pid_n, fp8_max, amax_eps, SWAP, FOLD, WRITE_P,
+                    NATIVE)
     else:
         _swiglu_quant_store(_as_rows(acc_g, SWAP), _as_rows(acc_u, SWAP), q_ptr,
                             q_s_ptr, p_ptr, rm, rn, m_ok, n_ok, F, pid_n, fp8_max,
@@ -1540,32 +1607,34 @@ def _swiglu_quant_reduce_kernel(ws_ptr, q_ptr, q_s_ptr, p_ptr, M, F, splits, fp8
 
 # %% ../book/07_kernels.ipynb #4186d3a7
 def _launch_gate_up(x, x_s, gate, gate_scale, up, up_scale, codes, scale_out, p_out,
-                    plan, ws=None, force_reduce=False):
+                    plan, ws=None, force_reduce=False, counters=None):
     """Launch gate/up per `plan` on validated tensors (gate, up: weights or descriptors,
-    `_weight_operands`; codes: a uint8 view of the e4m3 output), and the reduction when
-    split_k > 1 or `force_reduce` (the split path with one slice: a bitwise check).
-    ws: an optional [split_k, 2, M, F] fp32 workspace."""
+    `_weight_operands`; codes: a uint8 view of the e4m3 output), one launch. Split-K:
+    ws an optional [split_k, 2, M, F] fp32 workspace, counters an optional [tiles]
+    int32 one, all zero (None: allocated here, by `torch.zeros`, a fill launch on a
+    GPU), which the launch leaves zero. `force_reduce`: the reference, the split kernel
+    then `_swiglu_quant_reduce_kernel` (two launches), with any split_k (one: a bitwise
+    check of the split path against the fused epilogue)."""
     m, k = x.shape
     f, split = codes.shape[1], plan["split_k"]
     x_op, tma_a = _act_operand(x, plan)
     p = p_out if p_out is not None else scale_out      # a placeholder when unused
     write_p, tma_w = p_out is not None, isinstance(gate, TensorDescriptor)
-    native = _native(codes.device)
-    if split == 1 and not force_reduce:
-        _gate_up_swiglu_quant_kernel[(plan["tiles"], 1)](
-            x_op, x_s, gate, gate_scale, up, up_scale, codes, scale_out, scale_out, p,
-            m, f, k, x.stride(0), 1, FP8_MAX, ACT_AMAX_EPS, SPLIT=False,
-            WRITE_P=write_p, NATIVE=native, TMA_A=tma_a, TMA_W=tma_w, **plan["meta"])
-        return
-    if ws is None:
+    native, fold = _native(codes.device), split > 1 and not force_reduce
+    if (fold or force_reduce) and ws is None:
         ws = torch.empty(split, 2, m, f, dtype=torch.float32, device=codes.device)
+    if fold and counters is None:
+        counters = torch.zeros(plan["tiles"], dtype=torch.int32, device=codes.device)
     _gate_up_swiglu_quant_kernel[(plan["tiles"], split)](
-        x_op, x_s, gate, gate_scale, up, up_scale, codes, scale_out, ws, p, m, f, k,
-        x.stride(0), split, FP8_MAX, ACT_AMAX_EPS, SPLIT=True, WRITE_P=write_p,
-        NATIVE=native, TMA_A=tma_a, TMA_W=tma_w, **plan["meta"])
-    _swiglu_quant_reduce_kernel[(-(-m // 16), -(-f // QUANT_BLOCK))](
-        ws, codes, scale_out, p, m, f, split, FP8_MAX, ACT_AMAX_EPS, BLOCK_M=16,
-        GROUP=QUANT_BLOCK, WRITE_P=write_p, NATIVE=native, num_warps=4)
+        x_op, x_s, gate, gate_scale, up, up_scale, codes, scale_out,
+        scale_out if ws is None else ws, counters if fold else scale_out, p, m, f, k,
+        x.stride(0), split, FP8_MAX, ACT_AMAX_EPS, SPLIT=fold or force_reduce,
+        FOLD=fold, WRITE_P=write_p, NATIVE=native, TMA_A=tma_a, TMA_W=tma_w,
+        **plan["meta"])
+    if force_reduce:
+        _swiglu_quant_reduce_kernel[(-(-m // 16), -(-f // QUANT_BLOCK))](
+            ws, codes, scale_out, p, m, f, split, FP8_MAX, ACT_AMAX_EPS, BLOCK_M=16,
+            GROUP=QUANT_BLOCK, WRITE_P=write_p, NATIVE=native, num_warps=4)
 
 # %% ../book/07_kernels.ipynb #ec42b55d
 def _check_gate_up_args(x_fp8, x_scale, gate_w, gate_scale, up_w, up_scale, out,
@@ -1604,7 +1673,7 @@ def fp8_gate_up_swiglu_quant(x_fp8: torch.Tensor, x_scale: torch.Tensor,
     1 x 128 group before it leaves the kernel, never written in bf16. `out`,
     `scale_out`: optional results; `p_out`: optional [M, F] fp32 buffer for p itself
     (`quantize_activation(p_out)` equals the results bit for bit). `split_k`, `num_sms`
-    as in `fp8_gemm`; with slices, `_swiglu_quant_reduce_kernel` sums them in order."""
+    as in `fp8_gemm`; with slices, the last of a tile sums them in order."""
     m, f, k, out, scale_out = _check_gate_up_args(
         x_fp8, x_scale, gate_w, gate_scale, up_w, up_scale, out, scale_out, p_out,
         split_k)

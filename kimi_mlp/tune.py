@@ -72,7 +72,8 @@ def _tune_operands(kind: str, m: int, n: int, k: int, device, dtype=None) -> tup
 def _tune_launch(kind: str, x, ws, row: dict, sms: int, arch: int = 90):
     """A zero-argument call that launches one GEMM with tile row `row` (its `split_k`,
     if any, forced), and the output it writes: bf16 [m, n], or the gated product's e4m3
-    codes and scales."""
+    codes and scales. A split launch's arrival counters are allocated (zeroed) once,
+    here, as the fused module keeps them: the call launches the GEMM alone."""
     if arch in kernels.W8A16_ARCHS:
         return _tune_w8a16_launch(kind, x, ws, row, sms, arch)
     (a, a_s), (m, k), n = x, x[0].shape, ws[0][0].shape[0]
@@ -80,16 +81,18 @@ def _tune_launch(kind: str, x, ws, row: dict, sms: int, arch: int = 90):
     plan = kernels._with_meta(kernels.plan_gemm(kind, m, n, k, sms, row.get("split_k"),
                                                 tiles=table, arch=arch))
     weights = kernels._weight_operands(*(w for w, _ in ws))
+    cnt = torch.zeros(plan["tiles"], dtype=torch.int32, device=a.device)  # left zero
     if kind == "gate_up":
         q = torch.empty(m, n, dtype=torch.float8_e4m3fn, device=a.device)
         s = torch.empty(m, -(-n // 128), device=a.device)
         codes = q.view(torch.uint8)
         run = lambda: kernels._launch_gate_up(a, a_s, weights[0], ws[0][1], weights[1],
-                                              ws[1][1], codes, s, None, plan)
+                                              ws[1][1], codes, s, None, plan,
+                                              counters=cnt)
         return run, (q, s)
     out = torch.empty(m, n, dtype=torch.bfloat16, device=a.device)
-    return (lambda: kernels._launch_gemm(a, a_s, weights[0], ws[0][1], out, None, plan),
-            (out,))
+    return (lambda: kernels._launch_gemm(a, a_s, weights[0], ws[0][1], out, None, plan,
+                                         counters=cnt), (out,))
 
 
 def _tune_w8a16_launch(kind: str, x, ws, row: dict, sms: int, arch: int):

@@ -111,9 +111,9 @@ def test_poisoning_catches_an_unwritten_output(blocks, monkeypatch):
     block = blocks[SHAPES[0]]
     real = kernels._launch_gemm
 
-    def half_written(a, a_s, w, w_s, out, residual, plan, ws=None):
+    def half_written(a, a_s, w, w_s, out, residual, plan, ws=None, counters=None):
         m = residual.shape[0] // 2
-        real(a[:m], a_s[:m], w, w_s, out[:m], residual[:m], plan, ws)
+        real(a[:m], a_s[:m], w, w_s, out[:m], residual[:m], plan, ws, counters)
         return out
 
     monkeypatch.setattr(kernels, "_launch_gemm", half_written)
