@@ -3,15 +3,6 @@
 # %% ../book/appendix_f_gluon.ipynb #07a1a703
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import re
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
-
 import torch
 import triton
 import triton.language as tl
@@ -33,9 +24,8 @@ BLOCK_K = BLOCK_N = kernels.QUANT_BLOCK
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 # %% auto #0
-__all__ = ['BLOCK_K', 'BLOCK_N', 'GLUON_MIN_M', 'GLUON_KERNELS', 'check_gluon_device', 'gluon_fp8_gemm',
-           'gluon_gate_up_swiglu_quant', 'gluon_launches', 'GluonFp8DenseMLP', 'loop_bodies', 'loop_waits',
-           'loop_excerpt', 'compile_gluon', 'inspect_gluon']
+__all__ = ['BLOCK_K', 'BLOCK_N', 'GLUON_MIN_M', 'check_gluon_device', 'gluon_fp8_gemm', 'gluon_gate_up_swiglu_quant',
+           'gluon_launches', 'GluonFp8DenseMLP']
 
 # %% ../book/appendix_f_gluon.ipynb #5ee458d2
 @gluon.constexpr_function
@@ -492,141 +482,3 @@ class GluonFp8DenseMLP(FusedFp8DenseMLP):
         super()._bind()
         check_gluon_device(self._t.norm_weight.device)
         self._launches = gluon_launches
-
-# %% ../book/appendix_f_gluon.ipynb #b52c0bc2
-_LOOP_LABEL = re.compile(r"^(\$L__BB\w+):")
-
-
-def loop_bodies(ptx: str) -> list[list[str]]:
-    "The PTX basic blocks that branch back to their own label: the loops' bodies."
-    out, label, body = [], None, []
-    for line in ptx.splitlines():
-        s = line.strip()
-        if m := _LOOP_LABEL.match(s):
-            label, body = m.group(1), []
-        elif label is not None:
-            body.append(s)
-            if re.search(rf"bra(\.uni)?\s+{re.escape(label)};", s):
-                out.append(body)
-    return out
-
-
-def loop_waits(ptx: str) -> list[int]:
-    "The N of every `wgmma.wait_group N` inside a loop body, in order."
-    return [int(n) for body in loop_bodies(ptx) for line in body
-            for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", line)]
-
-
-def loop_excerpt(ptx: str, width: int = 88) -> list[str]:
-    """A loop's last `wgmma.mma_async` before its first `wgmma.wait_group`, through
-    that wait and the line after it (no debug lines, labels or braces)."""
-    for body in loop_bodies(ptx):
-        code = [s for s in body if s and not s.startswith((".loc", "//", "$L__"))
-                and s not in ("{", "}")]
-        waits = [i for i, s in enumerate(code) if "wgmma.wait_group" in s]
-        issued = [i for i, s in enumerate(code) if "wgmma.mma_async" in s
-                  and waits and i < waits[0]]
-        if issued:
-            sel = code[issued[-1]:waits[0] + 2]
-            return [s if len(s) <= width else s[:width - 1] + "…" for s in sel]
-    return []
-
-# %% ../book/appendix_f_gluon.ipynb #10f5226e
-#: What the Gluon kernels stand in for, for appendix D's model: (kernel, the Triton
-#: kernel whose launch it replaces, its BLOCK_M).
-GLUON_KERNELS = (("_gluon_gate_up_kernel", "_gate_up_swiglu_quant_kernel", 64),
-                 ("_gluon_fp8_gemm_kernel", "_fp8_gemm_kernel", 128))
-
-
-def _variant(kernel, name, stands_for, block_m, m, grid) -> dict:
-    "One compiled kernel in the shape of appendix D's variants, plus its loop's waits."
-    from kimi_mlp import codegen
-    ptx, md = kernel.asm["ptx"], kernel.metadata
-    log = codegen.ptxas_log(ptx, 90)
-    return {"kernel": name, "stands_for": stands_for, "hash": md.hash,
-            "constexprs": {"BLOCK_M": block_m, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K},
-            "num_warps": md.num_warps, "num_stages": 4, "shared": md.shared,
-            **codegen.parse_ptxas(log)[kernel.name],
-            "ptxas_advice": [s.strip() for s in log.splitlines() if "C75" in s],
-            "matrix": codegen.matrix_instructions(ptx), "loop_waits": loop_waits(ptx),
-            "excerpt": loop_excerpt(ptx),
-            "launches": [{"workload": "gluon", "m": m, "grid": list(grid)}]}
-
-
-def compile_gluon(ms, hidden_size: int = 7168, intermediate_size: int = 18432) -> list:
-    """Compile both Gluon kernels for sm_90a at each M of `ms` (the down GEMM with its
-    residual), on stand-in CPU tensors through appendix D's compile-only driver; one
-    variant per binary. Needs TRITON_INTERPRET=0 (`inspect_gluon`)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime import driver
-
-    from kimi_mlp.codegen import CompileOnlyDriver
-    d, f, e = hidden_size, intermediate_size, kernels.FP8_DTYPE
-    cols = lambda n: -(-n // 128)
-    previous, variants = driver._active, {}
-    saved = kernels._COMPILE_ONLY_SMS, kernels._COMPILE_ONLY_ARCH
-    kernels._COMPILE_ONLY_SMS, kernels._COMPILE_ONLY_ARCH = 132, 90   # CPU stand-ins
-    driver.set_active(CompileOnlyDriver(GPUTarget("cuda", 90, 32)))
-    try:
-        for m in ms:
-            x, xs = torch.empty(m, d, dtype=e), torch.empty(m, cols(d))
-            g, gs = torch.empty(f, d, dtype=e), torch.empty(cols(f), cols(d))
-            p, ps = torch.empty(m, f, dtype=e), torch.empty(m, cols(f))
-            w, ws = torch.empty(d, f, dtype=e), torch.empty(cols(d), cols(f))
-            r = torch.empty(m, d, dtype=torch.bfloat16)
-            built = (gluon_gate_up_swiglu_quant(x, xs, g, gs, g, gs, warmup=True),
-                     gluon_fp8_gemm(p, ps, w, ws, r, warmup=True))
-            for kernel, (name, stands_for, bm) in zip(built, GLUON_KERNELS):
-                n = f if name == "_gluon_gate_up_kernel" else d
-                grid = (triton.cdiv(m, bm) * triton.cdiv(n, BLOCK_N), 1)
-                v = _variant(kernel, name, stands_for, bm, m, grid)
-                old = variants.setdefault((name, v["hash"]), v)
-                if old is not v:
-                    old["launches"] += v["launches"]
-    finally:
-        driver.set_active(previous)
-        kernels._COMPILE_ONLY_SMS, kernels._COMPILE_ONLY_ARCH = saved
-    return list(variants.values())
-
-# %% ../book/appendix_f_gluon.ipynb #07079f56
-def _gluon_worker(argv=None) -> int:
-    "The child process of `inspect_gluon`: compile, write the report as JSON."
-    p = argparse.ArgumentParser(prog="kimi_mlp.gluon worker")
-    for name in ("--m", "--hidden-size", "--intermediate-size", "--out"):
-        p.add_argument(name, required=True)
-    a = p.parse_args(argv)
-    from kimi_mlp.codegen import ptxas_path_and_flags
-    ms = [int(s) for s in a.m.split(",")]
-    d, f = int(a.hidden_size), int(a.intermediate_size)
-    _, ptxas, flags = ptxas_path_and_flags(90)
-    report = {"schema": "kimi-mlp-gluon/1", "triton": triton.__version__,
-              "ptxas": ptxas, "ptxas_flags": flags, "target": "sm_90a",
-              "hidden_size": d, "intermediate_size": f, "ms": ms,
-              "variants": compile_gluon(ms, d, f)}
-    Path(a.out).write_text(json.dumps(report, indent=1))
-    return 0
-
-
-def inspect_gluon(ms=(1024, 4096), hidden_size: int = 7168,
-                  intermediate_size: int = 18432, timeout: float = 1800,
-                  pythonpath: str | None = None) -> dict:
-    """Compile the Gluon kernels for sm_90a at each M of `ms` in a fresh process with
-    TRITON_INTERPRET=0, as appendix D's `inspect_kernels` does, and return the report.
-    `pythonpath`: put this first on the child's path (another Triton release)."""
-    import kimi_mlp
-    root = str(Path(kimi_mlp.__file__).resolve().parent.parent)
-    path = [p for p in (pythonpath, root, os.environ.get("PYTHONPATH")) if p]
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join(path))
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "gluon.json"
-        child = "import sys; from kimi_mlp.gluon import _gluon_worker; " \
-                "sys.exit(_gluon_worker())"
-        cmd = [sys.executable, "-c", child, "--m", ",".join(map(str, ms)),
-               "--hidden-size", str(hidden_size), "--intermediate-size",
-               str(intermediate_size), "--out", str(out)]
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                             timeout=timeout)
-        if res.returncode != 0 or not out.exists():
-            raise RuntimeError(f"inspect_gluon: the compiling process failed with exit "
-                               f"status {res.returncode}:\n{res.stderr[-4000:]}")
-        return json.loads(out.read_text())

@@ -13,7 +13,8 @@ import torch
 from kimi_mlp import codegen
 from kimi_mlp.fused import FusedFp8DenseMLP, random_dense_block
 from kimi_mlp.gluon import (GLUON_MIN_M, GluonFp8DenseMLP, gluon_fp8_gemm,
-                            gluon_gate_up_swiglu_quant, inspect_gluon, loop_waits)
+                            gluon_gate_up_swiglu_quant)
+from kimi_mlp.gluon_codegen import inspect_gluon, loop_waits
 from kimi_mlp.gpu_check import check_gluon_once, gpucheck_main
 
 FP8 = torch.float8_e4m3fn
