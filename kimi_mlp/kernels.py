@@ -808,7 +808,7 @@ GEMM_TILES = {
     "gemm": ((16, _tiles(True, 16, 4, 6, 96)),
              (32, _tiles(True, 32, 4, 6, 128)),
              (64, _tiles(True, 64, 4, 5, 248)),
-             (256, _tiles(False, 64, 4, 4, 200, tma_a=True)),
+             (256, _tiles(False, 64, 4, 4, 202, tma_a=True)),
              (None, _tiles(False, 128, 8, 4, 222, tma_a=True))),
     "gate_up": ((16, _tiles(True, 16, 4, 4, 128)),
                 (32, _tiles(True, 32, 4, 4, 201)),
