@@ -3,6 +3,8 @@
 # %% ../book/appendix_f_gluon.ipynb #07a1a703
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -379,6 +381,15 @@ def _check_gluon_operands(a_name, a, s_name, a_s, w_name, w, ws_name, w_s,
     return m, n, k
 
 
+def _check_tiles(block_m, allowed: tuple, num_stages) -> None:
+    """A launcher's tile rows and ring: `allowed` rows, and at least two slots (the
+    loop asks for step k + 1 only after issuing step k, so one slot never fills)."""
+    if block_m not in allowed:
+        raise ValueError(f"block_m: expected one of {allowed}, got {block_m!r}")
+    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 2:
+        raise ValueError(f"num_stages: expected an int of at least 2, got {num_stages!r}")
+
+
 def check_gluon_device(device: torch.device) -> None:
     "Refuse, in one line, a device the Gluon kernels cannot run on."
     if (kernels.INTERPRETED or device.type != "cuda"
@@ -398,8 +409,7 @@ def gluon_fp8_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, w_fp8: torch.Tens
     128 (two warp groups) or 64 (one). warmup: compile only; returns the kernel."""
     m, n, k = _check_gluon_operands("a_fp8", a_fp8, "a_scale", a_scale, "w_fp8", w_fp8,
                                     "w_scale", w_scale, warmup)
-    if block_m not in (64, 128):
-        raise ValueError(f"block_m: expected 64 or 128, got {block_m!r}")
+    _check_tiles(block_m, (64, 128), num_stages)
     if residual is not None:
         kernels._check_tensor("residual", residual, torch.bfloat16, (m, n),
                               a_fp8.device)
@@ -427,6 +437,7 @@ def gluon_gate_up_swiglu_quant(x_fp8, x_scale, gate_w, gate_scale, up_w, up_scal
     scales [M, ceil(F/128)]); warmup: compile only, returns the kernel."""
     m, f, k = _check_gluon_operands("x_fp8", x_fp8, "x_scale", x_scale, "gate_w",
                                     gate_w, "gate_scale", gate_scale, warmup)
+    _check_tiles(block_m, (64,), num_stages)
     dev = x_fp8.device
     kernels._check_tensor("up_w", up_w, kernels.FP8_DTYPE, (f, k), dev)
     kernels._check_tensor("up_scale", up_scale, torch.float32, gate_scale.shape, dev)
@@ -449,36 +460,44 @@ def gluon_gate_up_swiglu_quant(x_fp8, x_scale, gate_w, gate_scale, up_w, up_scal
     return out, scale_out
 
 # %% ../book/appendix_f_gluon.ipynb #79886bed
-#: From this many tokens on, `GluonFp8DenseMLP` runs the two GEMMs in Gluon (chapter
-#: 7's prefill rows, M > 256); below, chapter 7's split-K launches, which these lack.
+#: From this many tokens on, `GluonFp8DenseMLP` runs Gluon GEMMs (chapter 7's prefill
+#: rows, M > 256); below, chapter 7's split-K launches, which these kernels lack.
 GLUON_MIN_M = 257
 
 
-def gluon_launches(rows, t, weights, plans, scratch):
-    """Chapter 8's launches with the two GEMMs in Gluon at GLUON_MIN_M tokens or more:
-    rmsnorm_quant, the gated kernel, the down GEMM with the residual. Fewer tokens:
-    chapter 8's `_ffn_launches` as they are."""
+def gluon_launches(rows, t, weights, plans, scratch, gate_up: bool = False):
+    """Chapter 8's launches with the down GEMM in Gluon at GLUON_MIN_M tokens or more
+    (and the gated kernel too, with `gate_up`): rmsnorm_quant, the gated kernel, the
+    down GEMM with the residual. Fewer tokens: chapter 8's `_ffn_launches` as they are."""
     if rows.shape[0] < GLUON_MIN_M:
         return _ffn_launches(rows, t, weights, plans, scratch)
     x, x_codes, x_scale, p, p_codes, p_scale = scratch[:6]
     kernels._launch_rmsnorm_quant(rows, t.norm_weight, t.eps, x_codes, x_scale)
-    gluon_gate_up_swiglu_quant(x, x_scale, t.gate, t.gate_scale, t.up, t.up_scale,
-                               out=p, scale_out=p_scale)
+    if gate_up:
+        gluon_gate_up_swiglu_quant(x, x_scale, t.gate, t.gate_scale, t.up, t.up_scale,
+                                   out=p, scale_out=p_scale)
+    else:
+        kernels._launch_gate_up(x, x_scale, weights[0], t.gate_scale, weights[1],
+                                t.up_scale, p_codes, p_scale, None, plans[0],
+                                ws=scratch[6], counters=scratch[7])
     return gluon_fp8_gemm(p, p_scale, t.down, t.down_scale, rows)
 
 
 class GluonFp8DenseMLP(FusedFp8DenseMLP):
-    """`FusedFp8DenseMLP` with the Gluon GEMMs from GLUON_MIN_M tokens on: an opt-in
-    implementation for Hopper. Appendix C's GPU check (`--path gluon`) compares it
-    with the Triton launches before any default may use it."""
+    """`FusedFp8DenseMLP` with the down GEMM in Gluon from GLUON_MIN_M tokens on, and the
+    gated kernel too with `gate_up=True` (appendix D's model expects it to lose to
+    chapter 7's 128-row tiles; a GPU run decides). Opt-in, Hopper only: appendix C's GPU
+    check (`--path gluon`) compares it with the Triton launches before any default may
+    use it."""
 
     path = "gluon"                # the GPU check's name for these launches
 
-    def __init__(self, block):
+    def __init__(self, block, gate_up: bool = False):
         check_gluon_device(block.post_attention_layernorm.weight.device)
+        self.gate_up = gate_up
         super().__init__(block, mode="w8a8")
 
     def _bind(self):
         super()._bind()
         check_gluon_device(self._t.norm_weight.device)
-        self._launches = gluon_launches
+        self._launches = functools.partial(gluon_launches, gate_up=self.gate_up)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ['GLUON_KERNELS', 'loop_bodies', 'loop_waits', 'loop_excerpt', 'compile_gluon', 'inspect_gluon']
+__all__ = ['GLUON_KERNELS', 'loop_bodies', 'loop_waits', 'barrier_before_refill', 'loop_excerpt', 'compile_gluon', 'inspect_gluon']
 
 # %% ../book/appendix_f_gluon.ipynb #39eb7e62
 import argparse
@@ -44,6 +44,23 @@ def loop_waits(ptx: str) -> list[int]:
             for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", line)]
 
 
+def barrier_before_refill(ptx: str) -> bool:
+    """Whether, in every loop body, a CTA-wide `bar.sync` stands between each
+    `wgmma.wait_group` and the next TMA copy (`cp.async.bulk.tensor`): the wait
+    completes only the waiting warp group's wgmma, so the other one must have waited
+    too before a slot they both read is refilled."""
+    for body in loop_bodies(ptx):
+        pending = False
+        for line in body:
+            if "wgmma.wait_group" in line:
+                pending = True
+            elif line.startswith("bar.sync"):
+                pending = False
+            elif "cp.async.bulk.tensor" in line and pending:
+                return False
+    return True
+
+
 def loop_excerpt(ptx: str, width: int = 88) -> list[str]:
     """A loop's last `wgmma.mma_async` before its first `wgmma.wait_group`, through
     that wait and the line after it (no debug lines, labels or braces)."""
@@ -76,6 +93,7 @@ def _variant(kernel, name, stands_for, block_m, m, grid) -> dict:
             **codegen.parse_ptxas(log)[kernel.name],
             "ptxas_advice": [s.strip() for s in log.splitlines() if "C75" in s],
             "matrix": codegen.matrix_instructions(ptx), "loop_waits": loop_waits(ptx),
+            "barrier_before_refill": barrier_before_refill(ptx),
             "excerpt": loop_excerpt(ptx),
             "launches": [{"workload": "gluon", "m": m, "grid": list(grid)}]}
 

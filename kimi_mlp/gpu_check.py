@@ -171,7 +171,9 @@ def check_gluon_once(block: nn.Module, h: torch.Tensor, fused,
     """The Gluon checks for one input h [M, d] bf16; `fused`: a `GluonFp8DenseMLP` of
     `block`. Its output and that of chapter 8's Triton launches (poisoned
     allocations), each against the block's `mode="w8a8"` within `gluon_bounds` plus the
-    tensor cores' share, and DeepGEMM's measure against torch bf16; verdict `ok`."""
+    tensor cores' share, and DeepGEMM's measure against torch bf16; verdict `ok`.
+    `gluon_equals_triton` is reported, not judged: both promote every 128 in the same
+    order, so where neither splits K they may well agree bit for bit."""
     from kimi_mlp.fused import FusedFp8DenseMLP, deepgemm_measure, tensor_core_shares
     r, mode = {"m": h.shape[0], "path": "gluon"}, block.mlp.mode
     with torch.no_grad():
@@ -185,6 +187,7 @@ def check_gluon_once(block: nn.Module, h: torch.Tensor, fused,
         w16 = w_bf16 if w_bf16 is not None else dequantized_weights(block)
         r["block_vs_w8a8"] = relative_error(out - h, ref - h)
         r["triton_vs_w8a8"] = relative_error(triton_out - h, ref - h)
+        r["gluon_equals_triton"] = bool(torch.equal(out, triton_out))     # reported
         r["deepgemm_vs_w8a16"] = deepgemm_measure(out, torch_bf16_ffn(h, block, w16))
         share = tensor_core_shares(block, h)["block"]
     r["bounds"] = b = dict(gluon_bounds())
@@ -435,7 +438,7 @@ def gpucheck_main(argv=None) -> int:
     block = random_dense_block(d, f, device=device, seed=args.seed)
     if args.path == "gluon":
         from kimi_mlp.gluon import GluonFp8DenseMLP
-        fused = GluonFp8DenseMLP(block)
+        fused = GluonFp8DenseMLP(block, gate_up=True)       # both Gluon kernels
     else:
         fused = FusedFp8DenseMLP(block, mode=None if args.path == "auto" else args.path)
     w16, path = dequantized_weights(block), getattr(fused, "path", fused.mode)
@@ -454,7 +457,9 @@ def gpucheck_main(argv=None) -> int:
         log.add(_check_m(block, fused, w16, h, args, timed))
     bounds = ", ".join(f"{k} {'<' if k.startswith('deepgemm') else '<='} {v:.3g}"
                        for k, v in log.bounds.items())
-    log.say(f"bounds: {bounds}" if path != "w8a8" else
+    log.say(f"bounds: {bounds}" if path == "w8a16" else
+            f"bounds: {bounds}; block_vs_w8a8 plus the tensor cores' share (chapter 7's "
+            "model, per M in the record)" if path == "gluon" else
             f"bounds: norm bits identical, native roundings = integer ones, {bounds}; "
             f"{', '.join(TENSOR_CORE_CHECKS)} plus the tensor cores' share (chapter "
             "7's model, per M in the record)")

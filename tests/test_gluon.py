@@ -32,6 +32,7 @@ def _assert_in_flight(report):
         assert v["ptxas_advice"] == [], v["ptxas_advice"]
         assert v["matrix"]["kind"] == "wgmma" and v["matrix"]["fp8_to_f16"] == 0
         assert v["shared"] <= codegen.SHARED_MEM_LIMIT
+        assert v["barrier_before_refill"], v["kernel"]   # both warp groups waited
     waits = {v["kernel"]: min(v["loop_waits"]) for v in report["variants"]}
     assert waits == {"_gluon_fp8_gemm_kernel": 1, "_gluon_gate_up_kernel": 2}
 
@@ -47,6 +48,16 @@ def test_the_gluon_gemms_compile_with_triton_3_6_too():
     report = inspect_gluon((1024,), pythonpath=os.environ["KIMI_TRITON36"])
     assert report["triton"].startswith("3.6")
     _assert_in_flight(report)
+
+
+def test_a_refill_without_a_barrier_after_the_wait_is_caught():
+    from kimi_mlp.gluon_codegen import barrier_before_refill
+    body = ["$L__BB0_2:", "wgmma.wait_group.sync.aligned 1;", "{BARRIER}",
+            "@%p1 cp.async.bulk.tensor.2d.shared::cluster.global [%r1], [%rd1, {%r2}];",
+            "@%p2 bra $L__BB0_2;"]
+    ptx = "\n".join(body)
+    assert barrier_before_refill(ptx.replace("{BARRIER}", "bar.sync 0;"))
+    assert not barrier_before_refill(ptx.replace("{BARRIER}", "mov.u32 %r3, %r4;"))
 
 
 def test_loop_waits_reads_only_the_waits_inside_a_loop():
@@ -74,7 +85,7 @@ def test_the_gluon_launches_refuse_what_cannot_run_them():
     with pytest.raises(ValueError, match="a_fp8, w_fp8: .* multiple of 16 .* K = 200"):
         gluon_fp8_gemm(odd, torch.ones(4, 2), torch.zeros(128, 200, dtype=FP8), w_s,
                        warmup=True)
-    with pytest.raises(ValueError, match="block_m: expected 64 or 128, got 32"):
+    with pytest.raises(ValueError, match=r"block_m: expected one of \(64, 128\), got 32"):
         gluon_fp8_gemm(a, a_s, w, w_s, block_m=32, warmup=True)
     with pytest.raises(ValueError, match="up_w"):
         gluon_gate_up_swiglu_quant(a, a_s, w, w_s, torch.zeros(64, 256, dtype=FP8), w_s,
@@ -150,3 +161,36 @@ def test_the_stored_model_has_the_three_entries_chapter_9_prints():
     assert set(model["entries"]) == {"before", "triton", "gluon"}
     for e in model["entries"].values():
         assert [r["m"] for r in e["rows"]] == list(codegen.MODEL_M)
+
+
+@pytest.mark.parametrize("gate_up", [False, True])
+def test_the_gluon_module_wires_the_block_as_the_triton_one(monkeypatch, gate_up):
+    """GluonFp8DenseMLP's launches on the CPU, its Gluon kernels replaced by chapter 7's
+    kernels of the same contract (the interpreter cannot run Gluon), GLUON_MIN_M set
+    to 4 to keep the shapes small: from GLUON_MIN_M tokens on, the module's scratch, plans and operands reach them in the right places,
+    so the output is the Triton module's, bit for bit; below, it is the Triton path."""
+    from kimi_mlp import gluon, kernels
+    monkeypatch.setattr(gluon, "check_gluon_device", lambda device: None)
+    monkeypatch.setattr(gluon, "gluon_fp8_gemm", lambda p, ps, w, ws, r:
+                        kernels.fp8_down_residual(p, ps, w, ws, r))
+    monkeypatch.setattr(gluon, "gluon_gate_up_swiglu_quant",
+                        lambda x, xs, g, gs, u, us, out, scale_out:
+                        kernels.fp8_gate_up_swiglu_quant(x, xs, g, gs, u, us, out=out,
+                                                         scale_out=scale_out))
+    monkeypatch.setattr(gluon, "GLUON_MIN_M", 4)      # small shapes: quick to interpret
+    block = random_dense_block(256, 384, seed=3)
+    gen = torch.Generator().manual_seed(4)
+    fused = gluon.GluonFp8DenseMLP(block, gate_up=gate_up)
+    assert fused.gate_up is gate_up and fused.path == "gluon"
+    for m in (3, 5):
+        h = torch.randn(m, 256, generator=gen).to(torch.bfloat16)
+        assert torch.equal(fused(h), FusedFp8DenseMLP(block)(h)), m
+
+
+def test_the_gluon_launchers_refuse_a_ring_that_cannot_fill():
+    a, a_s = torch.zeros(4, 256, dtype=FP8), torch.ones(4, 2)
+    w, w_s = torch.zeros(128, 256, dtype=FP8), torch.ones(1, 2)
+    with pytest.raises(ValueError, match="num_stages: expected an int of at least 2, got 1"):
+        gluon_fp8_gemm(a, a_s, w, w_s, num_stages=1, warmup=True)
+    with pytest.raises(ValueError, match=r"block_m: expected one of \(64,\), got 128"):
+        gluon_gate_up_swiglu_quant(a, a_s, w, w_s, w, w_s, block_m=128, warmup=True)
