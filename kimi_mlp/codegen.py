@@ -44,9 +44,9 @@ def target_name(arch: int) -> str:
 __all__ = ['INSPECT_M', 'HOPPER', 'H200_SMS', 'SHARED_MEM_LIMITS', 'SHARED_MEM_LIMIT', 'TARGETS', 'WORKLOADS', 'CONVERSIONS',
            'H200_MODEL', 'GEMM_SHAPES', 'MODEL_M', 'MODEL_SCHEMA', 'target_name', 'CompileOnlyDriver', 'stand_in_block',
            'compile_launches', 'parse_ptxas', 'ptxas_path_and_flags', 'ptxas_log', 'run_ptxas', 'matrix_instructions',
-           'shared_buffers', 'ptx_excerpt', 'inspect_kernels', 'short_name', 'matrix_summary', 'table_rows',
-           'format_table', 'step_cycles', 'model_block', 'model_rows', 'format_model', 'model_entry', 'write_model',
-           'main']
+           'shared_buffers', 'ptx_excerpt', 'inspect_kernels', 'compile_in_child', 'short_name', 'matrix_summary',
+           'table_rows', 'format_table', 'step_cycles', 'model_block', 'model_rows', 'format_model', 'model_entry',
+           'write_model', 'main']
 
 # %% ../book/appendix_d_codegen.ipynb #a7b1e9af
 class CompileOnlyDriver:
@@ -449,24 +449,35 @@ def inspect_kernels(ms=INSPECT_M, hidden_size: int = 7168,
     if arch not in SHARED_MEM_LIMITS:
         raise ValueError(f"arch: expected one of {sorted(SHARED_MEM_LIMITS)}, "
                          f"got {arch!r}")
+    return compile_in_child(
+        "kimi_mlp.codegen:_worker", ["--m", ",".join(map(str, ms or ())),
+                                     "--workloads", ",".join(workloads),
+                                     "--hidden-size", str(hidden_size),
+                                     "--intermediate-size", str(intermediate_size),
+                                     "--sms", str(sms), "--arch", str(arch)], timeout)
+
+
+# %% ../book/appendix_d_codegen.ipynb #9bd93745
+def compile_in_child(worker: str, args: list, timeout: float,
+                     first_on_path: str | None = None) -> dict:
+    """Run `worker` ("module:function", which parses `args` and `--out FILE` and writes
+    its report there as JSON) in a fresh Python process with TRITON_INTERPRET=0, this
+    copy of kimi_mlp on its path (after `first_on_path`: another Triton release, say),
+    and return the report; a failing child is a RuntimeError with its stderr's tail."""
     import kimi_mlp                                         # this copy, not another one
+    module, fn = worker.split(":")
     root = str(Path(kimi_mlp.__file__).resolve().parent.parent)
-    path = [root] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else [])
+    path = [p for p in (first_on_path, root, os.environ.get("PYTHONPATH")) if p]
     env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join(path))
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "codegen.json"
-        child = "import sys; from kimi_mlp.codegen import _worker; sys.exit(_worker())"
-        cmd = [sys.executable, "-c", child, "--m", ",".join(map(str, ms or ())),
-               "--workloads", ",".join(workloads),
-               "--hidden-size", str(hidden_size),
-               "--intermediate-size", str(intermediate_size),
-               "--sms", str(sms), "--arch", str(arch), "--out", str(out)]
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                             timeout=timeout)
+        out = Path(tmp) / "report.json"
+        child = f"import sys; from {module} import {fn}; sys.exit({fn}())"
+        res = subprocess.run([sys.executable, "-c", child, *args, "--out", str(out)],
+                             env=env, capture_output=True, text=True, timeout=timeout)
         if res.returncode != 0 or not out.exists():
-            raise RuntimeError(f"inspect_kernels: the compiling process failed with "
-                               f"exit status {res.returncode}:\n{res.stderr[-4000:]}")
+            raise RuntimeError(f"{worker}: the compiling process failed with exit "
+                               f"status {res.returncode}:\n{res.stderr[-4000:]}")
         return json.loads(out.read_text())
 
 # %% ../book/appendix_d_codegen.ipynb #8fbdaa28

@@ -386,8 +386,10 @@ def _check_tiles(block_m, allowed: tuple, num_stages) -> None:
     loop asks for step k + 1 only after issuing step k, so one slot never fills)."""
     if block_m not in allowed:
         raise ValueError(f"block_m: expected one of {allowed}, got {block_m!r}")
-    if isinstance(num_stages, bool) or not isinstance(num_stages, int) or num_stages < 2:
-        raise ValueError(f"num_stages: expected an int of at least 2, got {num_stages!r}")
+    if (isinstance(num_stages, bool) or not isinstance(num_stages, int)
+            or num_stages < 2):
+        raise ValueError(f"num_stages: expected an int of at least 2, got "
+                         f"{num_stages!r}")
 
 
 def check_gluon_device(device: torch.device) -> None:
@@ -429,6 +431,7 @@ def gluon_fp8_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, w_fp8: torch.Tens
     return out
 
 
+# %% ../book/appendix_f_gluon.ipynb #a77857ff
 def gluon_gate_up_swiglu_quant(x_fp8, x_scale, gate_w, gate_scale, up_w, up_scale, *,
                                out=None, scale_out=None, block_m: int = 64,
                                num_stages: int = 4, warmup: bool = False):
@@ -441,6 +444,9 @@ def gluon_gate_up_swiglu_quant(x_fp8, x_scale, gate_w, gate_scale, up_w, up_scal
     dev = x_fp8.device
     kernels._check_tensor("up_w", up_w, kernels.FP8_DTYPE, (f, k), dev)
     kernels._check_tensor("up_scale", up_scale, torch.float32, gate_scale.shape, dev)
+    if not kernels._tma_ok(up_w):
+        raise ValueError(f"up_w: TMA needs 16-byte aligned rows, got strides "
+                         f"{tuple(up_w.stride())} at address {up_w.data_ptr():#x}")
     out = torch.empty(m, f, dtype=kernels.FP8_DTYPE, device=dev) if out is None else out
     scale_out = (torch.empty(m, -(-f // 128), device=dev) if scale_out is None
                  else scale_out)
@@ -468,7 +474,7 @@ GLUON_MIN_M = 257
 def gluon_launches(rows, t, weights, plans, scratch, gate_up: bool = False):
     """Chapter 8's launches with the down GEMM in Gluon at GLUON_MIN_M tokens or more
     (and the gated kernel too, with `gate_up`): rmsnorm_quant, the gated kernel, the
-    down GEMM with the residual. Fewer tokens: chapter 8's `_ffn_launches` as they are."""
+    down GEMM with the residual. Fewer tokens: chapter 8's `_ffn_launches`."""
     if rows.shape[0] < GLUON_MIN_M:
         return _ffn_launches(rows, t, weights, plans, scratch)
     x, x_codes, x_scale, p, p_codes, p_scale = scratch[:6]
@@ -484,8 +490,8 @@ def gluon_launches(rows, t, weights, plans, scratch, gate_up: bool = False):
 
 
 class GluonFp8DenseMLP(FusedFp8DenseMLP):
-    """`FusedFp8DenseMLP` with the down GEMM in Gluon from GLUON_MIN_M tokens on, and the
-    gated kernel too with `gate_up=True` (appendix D's model expects it to lose to
+    """`FusedFp8DenseMLP` with the down GEMM in Gluon from GLUON_MIN_M tokens on, and
+    the gated kernel too with `gate_up=True` (appendix D's model expects it to lose to
     chapter 7's 128-row tiles; a GPU run decides). Opt-in, Hopper only: appendix C's GPU
     check (`--path gluon`) compares it with the Triton launches before any default may
     use it."""

@@ -7,11 +7,7 @@ __all__ = ['GLUON_KERNELS', 'loop_bodies', 'loop_waits', 'barrier_before_refill'
 # %% ../book/appendix_f_gluon.ipynb #39eb7e62
 import argparse
 import json
-import os
 import re
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -156,22 +152,10 @@ def inspect_gluon(ms=(1024, 4096), hidden_size: int = 7168,
                   intermediate_size: int = 18432, timeout: float = 1800,
                   pythonpath: str | None = None) -> dict:
     """Compile the Gluon kernels for sm_90a at each M of `ms` in a fresh process with
-    TRITON_INTERPRET=0, as appendix D's `inspect_kernels` does, and return the report.
+    TRITON_INTERPRET=0 (appendix D's `compile_in_child`), and return the report.
     `pythonpath`: put this first on the child's path (another Triton release)."""
-    import kimi_mlp
-    root = str(Path(kimi_mlp.__file__).resolve().parent.parent)
-    path = [p for p in (pythonpath, root, os.environ.get("PYTHONPATH")) if p]
-    env = dict(os.environ, TRITON_INTERPRET="0", PYTHONPATH=os.pathsep.join(path))
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "gluon.json"
-        child = "import sys; from kimi_mlp.gluon_codegen import _gluon_worker; " \
-                "sys.exit(_gluon_worker())"
-        cmd = [sys.executable, "-c", child, "--m", ",".join(map(str, ms)),
-               "--hidden-size", str(hidden_size), "--intermediate-size",
-               str(intermediate_size), "--out", str(out)]
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                             timeout=timeout)
-        if res.returncode != 0 or not out.exists():
-            raise RuntimeError(f"inspect_gluon: the compiling process failed with exit "
-                               f"status {res.returncode}:\n{res.stderr[-4000:]}")
-        return json.loads(out.read_text())
+    from kimi_mlp.codegen import compile_in_child
+    return compile_in_child(
+        "kimi_mlp.gluon_codegen:_gluon_worker",
+        ["--m", ",".join(map(str, ms)), "--hidden-size", str(hidden_size),
+         "--intermediate-size", str(intermediate_size)], timeout, pythonpath)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ['GPUCHECK_BOUNDS', 'TENSOR_CORE_CHECKS', 'GPUCHECK_M', 'GPUCHECK_HEADER', 'GPUCHECK_SMOKE_M', 'MAX_M', 'dequantized_weights', 'torch_bf16_ffn', 'checked_launches', 'normed_and_quantized', 'check_block_once', 'w8a16_bounds', 'check_w8a16_once', 'gluon_bounds', 'check_gluon_once', 'rounding_outputs', 'native_matches_integer', 'time_block', 'gpucheck_main']
+__all__ = ['GPUCHECK_BOUNDS', 'TENSOR_CORE_CHECKS', 'GPUCHECK_M', 'GPUCHECK_HEADER', 'GPUCHECK_SMOKE_M', 'MAX_M', 'dequantized_weights', 'torch_bf16_ffn', 'block_in_mode', 'checked_launches', 'normed_and_quantized', 'check_block_once', 'w8a16_bounds', 'check_w8a16_once', 'gluon_bounds', 'check_gluon_once', 'rounding_outputs', 'native_matches_integer', 'time_block', 'gpucheck_main']
 
 # %% ../book/appendix_c_measuring.ipynb #beab2755
 # kimi_mlp.gpu_check: the fused block at the real shapes against its references.
@@ -55,6 +55,16 @@ GPUCHECK_BOUNDS = {"norm_vs_rms_norm": 2.0 ** -8, "fp8_gemm": 1e-2,
 #: steps are exact, it only loosens the bounds a little).
 TENSOR_CORE_CHECKS = {"fp8_gemm": "gemm", "swiglu_act": "p", "block_vs_w8a8": "block"}
 
+
+def block_in_mode(block: nn.Module, h: torch.Tensor, mode: str) -> torch.Tensor:
+    "The block's own forward with its MLP in chapter 5's `mode`, put back afterwards."
+    was = block.mlp.mode
+    try:
+        block.mlp.mode = mode
+        return block(h)
+    finally:
+        block.mlp.mode = was
+
 # %% ../book/appendix_c_measuring.ipynb #7dbe97ca
 def checked_launches(block: nn.Module, h: torch.Tensor, x_fp8, x_scale) -> tuple:
     """The GPU check's launches on h [M, d] bf16 and a quantized x: `fp8_gemm` (x @
@@ -86,7 +96,7 @@ def check_block_once(block: nn.Module, h: torch.Tensor,
     (`ok`), `native_bitexact` (`native_matches_integer`) and `out`, the fused block's
     output (computed with poisoned allocations)."""
     from kimi_mlp.fused import deepgemm_measure, ffn_tensors, tensor_core_shares
-    t, norm, mlp, r = ffn_tensors(block), block.post_attention_layernorm, block.mlp, {}
+    t, norm, r = ffn_tensors(block), block.post_attention_layernorm, {}
     r["m"] = h.shape[0]
     with torch.no_grad():
         x_fp8, x_scale, normed = normed_and_quantized(block, h)
@@ -107,12 +117,7 @@ def check_block_once(block: nn.Module, h: torch.Tensor,
         r["fp8_gemm"] = relative_error(g_k, g)
         p = p_fp8.float() * p_scale.repeat_interleave(128, dim=-1)[:, :t.gate.shape[0]]
         r["swiglu_act"] = relative_error(p, F.silu(g) * u)
-        mode = mlp.mode
-        try:
-            mlp.mode = "w8a8"
-            ref8 = block(h)
-        finally:
-            mlp.mode = mode
+        ref8 = block_in_mode(block, h, "w8a8")
         w16 = w_bf16 if w_bf16 is not None else dequantized_weights(block)
         ref16 = torch_bf16_ffn(h, block, w16)
         r["block_vs_w8a8"] = relative_error(out - h, ref8 - h)
@@ -143,15 +148,10 @@ def check_w8a16_once(block: nn.Module, h: torch.Tensor, fused,
     (DeepGEMM's measure), with `bounds` (`w8a16_bounds`) and the verdict `ok`."""
     from kimi_mlp.fused import deepgemm_measure
     r = {"m": h.shape[0], "path": fused.mode, "act_dtype": str(fused.act_dtype)}
-    mode = block.mlp.mode
     with torch.no_grad():
         with poisoned_allocations():
             out = fused(h)
-        try:
-            block.mlp.mode = "w8a16"
-            ref = block(h)
-        finally:
-            block.mlp.mode = mode
+        ref = block_in_mode(block, h, "w8a16")
         w16 = w_bf16 if w_bf16 is not None else dequantized_weights(block)
         r["block_vs_w8a16"] = relative_error(out, ref)
         r["deepgemm_vs_bf16"] = deepgemm_measure(out, torch_bf16_ffn(h, block, w16))
@@ -175,15 +175,11 @@ def check_gluon_once(block: nn.Module, h: torch.Tensor, fused,
     `gluon_equals_triton` is reported, not judged: both promote every 128 in the same
     order, so where neither splits K they may well agree bit for bit."""
     from kimi_mlp.fused import FusedFp8DenseMLP, deepgemm_measure, tensor_core_shares
-    r, mode = {"m": h.shape[0], "path": "gluon"}, block.mlp.mode
+    r = {"m": h.shape[0], "path": "gluon"}
     with torch.no_grad():
         with poisoned_allocations():
             out, triton_out = fused(h), FusedFp8DenseMLP(block)(h)
-        try:
-            block.mlp.mode = "w8a8"
-            ref = block(h)
-        finally:
-            block.mlp.mode = mode
+        ref = block_in_mode(block, h, "w8a8")
         w16 = w_bf16 if w_bf16 is not None else dequantized_weights(block)
         r["block_vs_w8a8"] = relative_error(out - h, ref - h)
         r["triton_vs_w8a8"] = relative_error(triton_out - h, ref - h)
@@ -458,8 +454,8 @@ def gpucheck_main(argv=None) -> int:
     bounds = ", ".join(f"{k} {'<' if k.startswith('deepgemm') else '<='} {v:.3g}"
                        for k, v in log.bounds.items())
     log.say(f"bounds: {bounds}" if path == "w8a16" else
-            f"bounds: {bounds}; block_vs_w8a8 plus the tensor cores' share (chapter 7's "
-            "model, per M in the record)" if path == "gluon" else
+            f"bounds: {bounds}; block_vs_w8a8 plus the tensor cores' share "
+            "(chapter 7's model, per M in the record)" if path == "gluon" else
             f"bounds: norm bits identical, native roundings = integer ones, {bounds}; "
             f"{', '.join(TENSOR_CORE_CHECKS)} plus the tensor cores' share (chapter "
             "7's model, per M in the record)")
