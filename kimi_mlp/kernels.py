@@ -16,10 +16,9 @@ import os
 import torch
 
 # Triton decides between compiling and interpreting when a kernel is *decorated*.
-# Without a CUDA device we switch to its CPU interpreter before triton is imported (a
-# value the user set wins).
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+# Without a CUDA device the adapter (appendix C) turns on its CPU interpreter, whatever
+# was imported before (a value the user set wins).
+from . import triton_adapter
 
 import triton
 import triton.language as tl
@@ -32,7 +31,7 @@ from .tiles import tuned_tiles    # appendix C: the per-GPU tables, as data
 # %% ../book/07_kernels.ipynb #e3ac4b9a
 #: True when the kernels run through Triton's CPU interpreter (TRITON_INTERPRET=1), i.e.
 #: on a machine without CUDA. Nothing is printed or warned about it: read this flag.
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+INTERPRETED = triton_adapter.INTERPRETED
 #: Set only by `kimi_mlp.codegen` (appendix D), in a process of its own that compiles
 #: the kernels for a GPU it does not have and launches nothing: that GPU's SM count and
 #: family (90: Hopper, 89: Ada). While set, the wrappers accept CPU stand-in tensors

@@ -93,10 +93,10 @@ def test_the_import_graph_has_no_cycle():
     assert not cycles, cycles
 
 
-#: The teaching modules in the order of their chapters, with the two data modules they
-#: rest on first (appendix A's reader, appendix C's tile tables), and appendix B's command
-#: line, which chapter 10's command extends.
-TEACHING = ("safetensors_io", "tiles", "config", "rmsnorm", "block", "swiglu", "fp8",
+#: The teaching modules in the order of their chapters, with the modules they rest on
+#: first (appendix A's reader; appendix C's tile tables and its adapter to Triton's
+#: internals), and appendix B's command line, which chapter 10's command extends.
+TEACHING = ("safetensors_io", "tiles", "triton_adapter", "config", "rmsnorm", "block", "swiglu", "fp8",
             "checkpoint", "cli", "kernels", "fused", "bench", "parallel", "hf")
 
 
