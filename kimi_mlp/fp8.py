@@ -13,7 +13,7 @@ from .config import _check_block_size   # chapter 1: a pair of positive ints
 from .swiglu import silu
 
 # %% auto #0
-__all__ = ['FP8_MAX', 'ACT_AMAX_EPS', 'FP8_DTYPE', 'FP8_TENSOR_CORES', 'FP8_MODES', 'quantize_weight_blockwise',
+__all__ = ['FP8_MAX', 'ACT_AMAX_EPS', 'FP8_DTYPE', 'FP8_TENSOR_CORES', 'FP8_MODES', 'INT_OF_WIDTH', 'quantize_weight_blockwise',
            'dequantize_weight_blockwise', 'quantize_activation', 'fp8_linear_w8a16', 'fp8_matmul_blockwise',
            'fp8_linear_w8a8', 'Fp8Linear', 'Fp8DenseMLP']
 
@@ -282,8 +282,28 @@ class _Fp8LinearFrom:
         m.weight, m.weight_scale_inv = quantize_weight_blockwise(w, block_size)
         return m
 
+# %% ../book/05_fp8.ipynb #c2d4e6f1
+#: An integer dtype of each width: what a cast passes over, a move carries along.
+INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+class _KeepsCodes:
+    "`Fp8Linear`'s codes and scales keep their dtypes when the module is cast."
+    _buffers: dict
+
+    def _apply(self, fn, *args, **kwargs):
+        kept = {n: self._buffers[n].dtype for n in ("weight", "weight_scale_inv")
+                if self._buffers.get(n) is not None}
+        for n, dtype in kept.items():
+            self._buffers[n] = self._buffers[n].view(INT_OF_WIDTH[dtype.itemsize])
+        try:
+            return super()._apply(fn, *args, **kwargs)  # type: ignore[misc]
+        finally:
+            for n, dtype in kept.items():
+                self._buffers[n] = self._buffers[n].view(dtype)
+
 # %% ../book/05_fp8.ipynb #85bd40bb
-class Fp8Linear(_Fp8LinearFrom, nn.Module):
+class Fp8Linear(_Fp8LinearFrom, _KeepsCodes, nn.Module):
     """A bias-free Linear holding its weight as the checkpoint does: buffers `weight`
     [out, in] float8_e4m3fn and `weight_scale_inv` [ceil(out/bn), ceil(in/bk)] float32.
     `mode` picks the forward: "w8a16" (dequantize, matmul in the activation dtype) or

@@ -3,6 +3,7 @@
 # %% ../book/08_fused_mlp.ipynb #5464415d
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -11,12 +12,12 @@ from torch import nn
 
 from . import kernels  # imported first: turns on TRITON_INTERPRET without a GPU
 from .block import ResidualBlock
-from .fp8 import (FP8_DTYPE, Fp8DenseMLP, quantize_activation,
-                          quantize_weight_blockwise)
+from .fp8 import (FP8_DTYPE, INT_OF_WIDTH, Fp8DenseMLP,
+                          quantize_activation, quantize_weight_blockwise)
 from .rmsnorm import RMSNorm, rms_norm
 
 # %% auto #0
-__all__ = ['SCRATCH_MAX_M', 'FfnTensors', 'ffn_tensors', 'fused_ffn_block', 'FusedFp8DenseMLP', 'deepgemm_measure',
+__all__ = ['SCRATCH_MAX_M', 'GAIN_DTYPES', 'FfnTensors', 'ffn_tensors', 'fused_ffn_block', 'FusedFp8DenseMLP', 'deepgemm_measure',
            'tensor_core_shares', 'random_dense_block', 'fused_launch_costs', 'unfused_launch_costs', 'launch_floor_s']
 
 # %% ../book/08_fused_mlp.ipynb #0d2c1f39
@@ -291,6 +292,29 @@ def _fingerprint(module: nn.Module) -> tuple:
     return (id(norm), eps,
             *((id(t), t.data_ptr(), t.shape, t.stride()) for t in tensors))
 
+# %% ../book/08_fused_mlp.ipynb #d3e5f7a1
+#: The dtypes of the norm's gain that the first launch reads (chapter 7).
+GAIN_DTYPES = (torch.bfloat16, torch.float32)
+
+
+@contextlib.contextmanager
+def _gain_cast(norm: nn.Module | None, fn):
+    """While nn.Module applies `fn` (a cast, a move) inside, `norm`'s gain follows
+    a cast to a dtype in GAIN_DTYPES and otherwise keeps its dtype and only moves."""
+    gain = getattr(norm, "weight", None)
+    if (not isinstance(gain, nn.Parameter)
+            or fn(torch.zeros((), dtype=gain.dtype)).dtype in GAIN_DTYPES):
+        yield
+        return
+    grad, dtype = gain.requires_grad, gain.dtype
+    as_int = gain.detach().view(INT_OF_WIDTH[dtype.itemsize])
+    norm._parameters["weight"] = nn.Parameter(as_int, requires_grad=False)
+    try:
+        yield
+    finally:
+        moved = norm._parameters["weight"].detach().view(dtype)
+        norm._parameters["weight"] = nn.Parameter(moved, requires_grad=grad)
+
 # %% ../book/08_fused_mlp.ipynb #c61f2a9d
 class _CheckedOnce(nn.Module):
     """What `FusedFp8DenseMLP` keeps between calls: the block's two submodules (shared),
@@ -320,7 +344,8 @@ class _CheckedOnce(nn.Module):
         self._graphs, self._per_m, self._seen = {}, {}, _fingerprint(self)
 
     def _apply(self, fn, *args, **kwargs):                   # .to(), .cuda(), ...
-        super()._apply(fn, *args, **kwargs)
+        with _gain_cast(self.post_attention_layernorm, fn):
+            super()._apply(fn, *args, **kwargs)
         self._bind()
         return self
 

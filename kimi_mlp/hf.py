@@ -15,7 +15,7 @@ from .checkpoint import (_check_values, check_fp8_format, load_dense_block,
                                  read_tensors)
 from .config import KimiK2Config, scale_shape
 from .fp8 import Fp8DenseMLP, quantize_weight_blockwise
-from .fused import _check_hidden, _choose_mode
+from .fused import _check_hidden, _choose_mode, _gain_cast
 from .rmsnorm import RMSNorm
 from .safetensors_io import (atomic_directory, checkpoint_root,
                                      resolve_tensor_files)
@@ -53,6 +53,7 @@ def _w8a16_launches(m: nn.Module, rows: torch.Tensor, act_dtype) -> torch.Tensor
 class FusedMLP(nn.Module):
     """A drop-in for `DeepseekV3MLP` from FP8 codes and scales: x [..., d] bf16 ->
     `down(silu(gate(x)) * up(x))` bf16; with `norm`, `mlp(norm(x))`, norm in launch 1.
+    In a model cast to fp16 or fp32 it computes on x in bf16 and returns x's dtype.
     impl "fused": chapter 7's kernels by GPU family (`path`: the numerics of mode
     "w8a8" or "w8a16"); "w8a8", "w8a16": chapter 5's `Fp8DenseMLP` in that mode."""
 
@@ -73,7 +74,17 @@ class FusedMLP(nn.Module):
         return _choose_mode(self.gate_proj.weight.device)[0] if self.impl == "fused" \
             else None
 
+    def _apply(self, fn, *args, **kwargs):    # a cast keeps codes, scales, bf16 gain
+        with _gain_cast(self.norm, fn):
+            return super()._apply(fn, *args, **kwargs)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(x, torch.Tensor) and x.is_floating_point() \
+                and x.dtype != torch.bfloat16:       # a model cast to fp16 or fp32
+            return self._bf16(x.to(torch.bfloat16)).to(x.dtype)
+        return self._bf16(x)
+
+    def _bf16(self, x: torch.Tensor) -> torch.Tensor:
         _check_hidden(x, self.hidden_size, self.gate_proj.weight.device)
         if self.impl != "fused":
             x = x if self.norm is None else self.norm(x)

@@ -57,3 +57,102 @@ def test_interpreted_never_claims_what_is_not_true():
                         TRITON_INTERPRET="0")
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == ["False"]
+
+
+# --- The Hugging Face path -------------------------------------------------------------
+
+#: A tiny DeepseekV3: layer 0 dense (hidden 256, intermediate 384), layer 1 a mixture of
+#: experts with a shared expert of width 128.
+TINY = dict(vocab_size=128, hidden_size=256, intermediate_size=384, num_hidden_layers=2,
+            first_k_dense_replace=1, n_routed_experts=4, num_experts_per_tok=2, n_group=1,
+            topk_group=1, n_shared_experts=1, moe_intermediate_size=128,
+            num_attention_heads=2, num_key_value_heads=2, q_lora_rank=32, kv_lora_rank=32,
+            qk_nope_head_dim=16, qk_rope_head_dim=16, v_head_dim=16,
+            max_position_embeddings=64, rope_scaling=None, tie_word_embeddings=False)
+
+
+def build(meta=False, **changes):
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+    config = DeepseekV3Config(**{**TINY, **changes})
+    if meta:
+        with torch.device("meta"):
+            return DeepseekV3ForCausalLM(config).to(torch.bfloat16)
+    torch.manual_seed(0)
+    return DeepseekV3ForCausalLM(config).to(torch.bfloat16).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from kimi_mlp import hf
+    model = build()
+    ckpt = hf.save_fp8_ffn(model, tmp_path_factory.mktemp("ckpt") / "tiny")
+    ids = torch.randint(3, TINY["vocab_size"], (1, 5),
+                        generator=torch.Generator().manual_seed(1))
+    return model, ckpt, ids
+
+
+def _fused_tensors(model) -> dict:
+    "Every FusedMLP's codes, scales and gain in `model`, by name: (dtype, a copy)."
+    from kimi_mlp.hf import FusedMLP
+    out = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, FusedMLP):
+            for t_name, t in mod.state_dict().items():
+                out[f"{name}.{t_name}"] = (t.dtype, t.clone())
+    return out
+
+
+def test_casting_a_fused_model_keeps_its_codes_and_scales(tiny):
+    """model.to(torch.bfloat16), .half(), .float() after fuse_ffn: the e4m3 codes and the
+    float32 scales keep their dtypes and bits; the gain follows only to a dtype the
+    kernels read; the forward computes in bf16 and answers in the model's dtype."""
+    import copy
+
+    from kimi_mlp import hf
+    model, ckpt, ids = tiny
+    model = copy.deepcopy(model)
+    hf.fuse_ffn(model, ckpt, layers="dense+shared")
+    kept = _fused_tensors(model)
+    assert {d for d, _ in kept.values()} == {torch.float8_e4m3fn, torch.float32,
+                                             torch.bfloat16}
+    with torch.no_grad():
+        before = model(ids).logits
+        model.to(torch.bfloat16)
+        assert torch.equal(model(ids).logits, before)
+    gain_dtypes = {"half": torch.bfloat16, "float": torch.float32}
+    for cast, gain in gain_dtypes.items():
+        getattr(model, cast)()
+        now = _fused_tensors(model)
+        for name, (dtype, t) in kept.items():
+            want = gain if name.endswith("norm.weight") else dtype
+            assert now[name][0] == want, (cast, name, now[name][0])
+            assert torch.equal(now[name][1].to(dtype), t), (cast, name)
+        mlp = model.model.layers[0].mlp
+        x = torch.randn(3, 256, generator=torch.Generator().manual_seed(2)).to(model.dtype)
+        with torch.no_grad():
+            y = mlp(x)
+            assert y.dtype == model.dtype
+            ref = mlp(x.to(torch.bfloat16))              # x rounded to bf16, then cast
+            assert torch.equal(y, ref.to(model.dtype))
+            assert model(ids).logits.isfinite().all()
+
+
+def test_casting_a_fused_module_leaves_the_callers_block_intact():
+    """FusedFp8DenseMLP shares the caller's block: a cast keeps its codes, scales and
+    bf16 gain, and the module still gives the same bits."""
+    from kimi_mlp.fused import FusedFp8DenseMLP, random_dense_block
+    block = random_dense_block(256, 384, seed=7)
+    fused = FusedFp8DenseMLP(block)
+    h = torch.randn(3, 256, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    codes = {k: v.clone() for k, v in block.state_dict().items()}
+    with torch.no_grad():
+        before = fused(h)
+        for cast in (lambda m: m.to(torch.bfloat16), lambda m: m.half()):
+            assert cast(fused) is fused
+            now = block.state_dict()
+            assert all(now[k].dtype == v.dtype and torch.equal(now[k], v)
+                       for k, v in codes.items())
+            assert torch.equal(fused(h), before)

@@ -423,8 +423,12 @@ def test_module_rebinds_after_load_state_dict_and_to(blocks):
         assert torch.equal(fused(h), fused_ffn_block(h, other))
         assert fused.to(torch.device("cpu")) is fused and fused._t.gate is \
             fused.mlp.gate_proj.weight
+        fused.half()                         # a cast keeps the codes: still served
+        assert fused.mlp.gate_proj.weight.dtype == torch.float8_e4m3fn
+        assert torch.equal(fused(h), fused_ffn_block(h, other))
+    fused.mlp.gate_proj.weight = fused.mlp.gate_proj.weight.to(torch.bfloat16)
     with pytest.raises(ValueError, match="block.mlp.gate_proj.weight: expected"):
-        fused.half()                                   # fp16 weights: refused at the rebind
+        fused(h)                                   # bf16 weights: refused at the rebind
 
 
 def test_ffn_tensors_names_the_checkpoint_tensors(blocks):

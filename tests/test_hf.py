@@ -238,5 +238,5 @@ def test_fused_mlp_refuses_an_unknown_impl_and_a_bad_input(tiny):
     block = load_dense_block(ckpt, layer=0)
     with pytest.raises(ValueError, match=r"impl: expected one of"):
         hf.FusedMLP(block.mlp, impl="torch")
-    with pytest.raises(ValueError, match=r"h: expected torch\.bfloat16.*got torch\.float32"):
-        hf.FusedMLP(block.mlp)(torch.zeros(2, 256))               # float32, not bf16
+    with pytest.raises(ValueError, match=r"h: expected torch\.bfloat16.*got torch\.int32"):
+        hf.FusedMLP(block.mlp)(torch.zeros(2, 256, dtype=torch.int32))   # not floating
