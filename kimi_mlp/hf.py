@@ -40,6 +40,17 @@ def _w8a8_launches(m: nn.Module, rows: torch.Tensor) -> torch.Tensor:
     return kernels.fp8_gemm(p8, ps, dn.weight, dn.weight_scale_inv)
 
 
+def _not_saved_in_a_model(module: nn.Module, prefix: str, keep_vars) -> None:
+    """A FusedMLP's state inside a model's state_dict would put FP8 codes under the
+    names a bf16 model loads as weights: refused (on its own, prefix '', it is given)."""
+    if prefix:
+        raise RuntimeError(
+            f"{prefix.rstrip('.')}: a FusedMLP (fuse_ffn) holds FP8 codes and scales "
+            "under names a bf16 model loads as weights; call the FuseReport's "
+            "restore() before state_dict() or save_pretrained(), and fuse_ffn again "
+            "after loading")
+
+
 def _w8a16_launches(m: nn.Module, rows: torch.Tensor, act_dtype) -> torch.Tensor:
     "The same in W8A16 (chapter 7, section 6): x and p in `act_dtype`, y in bf16."
     g, u, dn, norm = m.gate_proj, m.up_proj, m.down_proj, m.norm
@@ -67,6 +78,7 @@ class FusedMLP(nn.Module):
         self.norm, self.impl, self._mlp = norm, impl, (mlp,)  # a tuple: no submodule
         self.hidden_size = mlp.hidden_size
         self.intermediate_size = mlp.intermediate_size
+        self.register_state_dict_pre_hook(_not_saved_in_a_model)
 
     @property
     def path(self) -> str | None:
@@ -169,18 +181,29 @@ class Swap:
 @dataclasses.dataclass
 class FuseReport:
     """What `fuse_ffn` replaced, in order (`swaps`); `restore()` puts every original
-    module back, once: the modules it put in stay usable on their own."""
+    module back, once: the modules it put in stay usable on their own. Until then the
+    model's `save_pretrained` and `state_dict` are refused."""
     impl: str
     layers: str
     swaps: list
     restored: bool = False
+    model: nn.Module | None = dataclasses.field(default=None, repr=False)
 
     def restore(self) -> None:
         if not self.restored:
             for s in reversed(self.swaps):
                 for name, old in zip(s.names, s.old):
                     setattr(s.parent, name, old)
+            if self.model is not None and "save_pretrained" in vars(self.model):
+                del self.model.save_pretrained
             self.restored = True
+
+    def _refuse_save(self, *args, **kwargs):
+        raise RuntimeError(
+            "save_pretrained: the model runs fuse_ffn's FusedMLP modules, whose FP8 "
+            "codes and scales a bf16 model would load as its weights; call the "
+            "FuseReport's restore() first, save, and fuse_ffn again after loading "
+            "(nothing was written)")
 
     def __str__(self) -> str:
         rows = [f"{s.module}: {s.kind} -> {s.new[-1].extra_repr()}" for s in self.swaps]
@@ -332,7 +355,10 @@ def fuse_ffn(model: nn.Module, checkpoint_dir, layers: str = "dense",
     for s in swaps:                           # all checked and loaded: now replace
         for name, new in zip(s.names, s.new):
             setattr(s.parent, name, new)
-    return FuseReport(impl, layers, swaps)
+    report = FuseReport(impl, layers, swaps, model=model)
+    if callable(getattr(model, "save_pretrained", None)):
+        model.save_pretrained = report._refuse_save      # until restore()
+    return report
 
 # %% ../book/11_hf.ipynb #70ecdfba
 def fp8_config(model_config) -> KimiK2Config:

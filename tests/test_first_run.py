@@ -156,3 +156,28 @@ def test_casting_a_fused_module_leaves_the_callers_block_intact():
             assert all(now[k].dtype == v.dtype and torch.equal(now[k], v)
                        for k, v in codes.items())
             assert torch.equal(fused(h), before)
+
+
+def test_saving_a_fused_model_is_refused_until_restore(tiny, tmp_path):
+    """save_pretrained after fuse_ffn refuses before it writes anything, and so does
+    state_dict() on the model; after restore() the model saves as it was."""
+    import copy
+
+    from kimi_mlp import hf
+    model, ckpt, _ = tiny
+    model = copy.deepcopy(model)
+    report = hf.fuse_ffn(model, ckpt, layers="dense+shared")
+    with pytest.raises(RuntimeError, match=r"restore\(\) first"):
+        model.save_pretrained(tmp_path / "saved")
+    assert not (tmp_path / "saved").exists()
+    with pytest.raises(RuntimeError, match=r"model\.layers\.0\.mlp: .*restore\(\)"):
+        model.state_dict()
+    assert set(report.swaps[0].new[-1].state_dict()) >= {"gate_proj.weight",
+                                                         "gate_proj.weight_scale_inv"}
+    report.restore()
+    model.save_pretrained(tmp_path / "saved")
+    from safetensors import safe_open
+    with safe_open(tmp_path / "saved" / "model.safetensors", "pt") as f:
+        w = f.get_tensor("model.layers.0.mlp.gate_proj.weight")
+    assert w.dtype == torch.bfloat16
+    assert torch.equal(w, model.model.layers[0].mlp.gate_proj.weight)
