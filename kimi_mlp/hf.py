@@ -244,11 +244,15 @@ def _check_norm(name: str, norm: nn.Module, d: int, eps: float) -> None:
 
 def _target_device(name: str, module: nn.Module, device, impl: str) -> torch.device:
     """Where the new module lives: `device`, else the replaced one's (the CPU for a
-    module on the meta device); refused where `impl` cannot run."""
+    module on the meta device); refused where `impl` cannot run, and the meta device,
+    which would hold no data."""
     if device is None:
         w = next(module.parameters(), None)
         device = w.device if w is not None and w.device.type != "meta" else "cpu"
     device = torch.device(device)
+    if device.type == "meta":
+        raise ValueError(f"{name}: device: expected a device that holds the "
+                         f"checkpoint's FP8 tensors (the CPU or a GPU), got meta")
     if impl != "fused":
         return device
     if device.type == "cuda":

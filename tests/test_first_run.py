@@ -181,3 +181,15 @@ def test_saving_a_fused_model_is_refused_until_restore(tiny, tmp_path):
         w = f.get_tensor("model.layers.0.mlp.gate_proj.weight")
     assert w.dtype == torch.bfloat16
     assert torch.equal(w, model.model.layers[0].mlp.gate_proj.weight)
+
+
+@pytest.mark.parametrize("impl", ["fused", "w8a8", "w8a16"])
+def test_fuse_ffn_refuses_the_meta_device_before_replacing(tiny, impl):
+    "device='meta' would give modules without data: refused for every impl, nothing replaced."
+    from kimi_mlp import hf
+    _, ckpt, _ = tiny
+    model = build(meta=True)
+    modules = list(model.modules())
+    with pytest.raises(ValueError, match="device: expected a device that holds"):
+        hf.fuse_ffn(model, ckpt, layers="dense+shared", impl=impl, device="meta")
+    assert all(a is b for a, b in zip(model.modules(), modules))

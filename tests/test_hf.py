@@ -183,8 +183,8 @@ def _unchanged(model, modules):
                                  r"checkpoint's\), got 3"),
     ("float32", TypeError, r"model: expected torch\.bfloat16.*got torch\.float32"),
     ("not a deepseek", TypeError, r"model: expected a DeepseekV3-style model"),
-    ("meta device", RuntimeError, r"model\.layers\.0\.mlp: impl 'fused': expected a device "
-                                  r"the kernels serve, got meta"),
+    ("meta device", ValueError, r"model\.layers\.0\.mlp: device: expected a device that "
+                                r"holds the checkpoint's FP8 tensors.*got meta"),
     ("compiled kernels on the CPU", RuntimeError, r"model\.layers\.0\.mlp: impl 'fused':.*"
                                                   r"compiled for CUDA"),
     ("no shared expert", CheckpointError, r"model\.layers\.1\.mlp\.shared_experts\."),
