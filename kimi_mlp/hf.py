@@ -22,7 +22,7 @@ from .safetensors_io import (atomic_directory, checkpoint_root,
 
 # %% auto #0
 __all__ = ['IMPLS', 'LAYERS', 'FusedMLP', 'shared_expert_tensors', 'load_shared_expert', 'decoder_layers', 'Swap', 'FuseReport',
-           'fuse_ffn', 'fp8_config', 'save_fp8_ffn']
+           'check_layout', 'fuse_ffn', 'fp8_config', 'save_fp8_ffn']
 
 # %% ../book/11_hf.ipynb #e72c918b
 #: What `fuse_ffn` can put in place: chapter 7's kernels, or chapter 5's torch modes.
@@ -290,7 +290,22 @@ def _check_model(model: nn.Module, config: KimiK2Config, layers: str, impl: str)
     if len(blocks) != config.num_hidden_layers:
         raise ValueError(f"{prefix}: expected {config.num_hidden_layers} decoder "
                          f"layers (the checkpoint's), got {len(blocks)}")
+    check_layout(prefix, blocks, config, "the checkpoint's config")
     return prefix, blocks
+
+
+def check_layout(prefix: str, blocks, config: KimiK2Config, whose: str) -> None:
+    """Each decoder layer's `mlp` is of the kind `config` gives it: dense where
+    `is_dense_layer`, a mixture of experts (with `experts`) elsewhere."""
+    for i, layer in enumerate(blocks):
+        mlp = getattr(layer, "mlp", None)
+        dense, moe = config.is_dense_layer(i), hasattr(mlp, "experts")
+        if dense == moe:
+            want = "a dense MLP" if dense else "a mixture of experts"
+            raise ValueError(
+                f"{prefix}.{i}.mlp: expected {want}, as {whose} makes layer {i} "
+                f"(first_k_dense_replace {config.first_k_dense_replace}, "
+                f"moe_layer_freq {config.moe_layer_freq}), got {type(mlp).__name__}")
 
 # %% ../book/11_hf.ipynb #d6a43374
 def _dense_swap(name, layer, i, root, config, impl, device) -> Swap:
@@ -349,6 +364,10 @@ def fuse_ffn(model: nn.Module, checkpoint_dir, layers: str = "dense",
     root, _ = checkpoint_root(checkpoint_dir)
     config = KimiK2Config.from_json(root / "config.json")
     prefix, blocks = _check_model(model, config, layers, impl)
+    if layers == "dense" and not config.dense_layers:
+        raise ValueError("layers: expected a checkpoint with a dense layer for "
+                         "'dense', got one without (first_k_dense_replace 0); "
+                         "'dense+shared' fuses its shared experts")
     swaps = []
     for i, layer in enumerate(blocks):
         args = (f"{prefix}.{i}", layer, i, root, config, impl, device)

@@ -193,3 +193,20 @@ def test_fuse_ffn_refuses_the_meta_device_before_replacing(tiny, impl):
     with pytest.raises(ValueError, match="device: expected a device that holds"):
         hf.fuse_ffn(model, ckpt, layers="dense+shared", impl=impl, device="meta")
     assert all(a is b for a, b in zip(model.modules(), modules))
+
+
+def test_fuse_ffn_refuses_a_checkpoint_of_another_layer_layout(tiny, tmp_path):
+    """A checkpoint whose config makes layer 0 a mixture of experts, for a model whose
+    layer 0 is dense: refused by name before anything is replaced (it replaced nothing
+    and said nothing)."""
+    from kimi_mlp import hf
+    model, _, _ = tiny
+    other = hf.save_fp8_ffn(build(first_k_dense_replace=0), tmp_path / "all-moe")
+    modules = list(model.modules())
+    for layers in hf.LAYERS:
+        with pytest.raises(ValueError, match=r"model\.layers\.0\.mlp: expected a mixture "
+                           r"of experts, as the checkpoint's config makes layer 0"):
+            hf.fuse_ffn(model, other, layers=layers)
+    assert all(a is b for a, b in zip(model.modules(), modules))
+    with pytest.raises(ValueError, match="layers: expected a checkpoint with a dense layer"):
+        hf.fuse_ffn(build(first_k_dense_replace=0), other, layers="dense")
