@@ -402,7 +402,8 @@ def save_fp8_ffn(model: nn.Module, path) -> Path:
     written all or nothing into a new directory (appendix A's `atomic_directory`). For
     examples and tests: a real checkpoint comes quantized."""
     from safetensors.torch import save_file
-    config, (_, layers) = fp8_config(model.config), decoder_layers(model)
+    config, (prefix, layers) = fp8_config(model.config), decoder_layers(model)
+    check_layout(prefix, layers, config, "the model's config")
     tensors = {}
     for i, layer in enumerate(layers):
         p = f"model.layers.{i}."

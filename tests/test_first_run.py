@@ -210,3 +210,15 @@ def test_fuse_ffn_refuses_a_checkpoint_of_another_layer_layout(tiny, tmp_path):
     assert all(a is b for a, b in zip(model.modules(), modules))
     with pytest.raises(ValueError, match="layers: expected a checkpoint with a dense layer"):
         hf.fuse_ffn(build(first_k_dense_replace=0), other, layers="dense")
+
+
+def test_save_fp8_ffn_names_a_layer_its_config_places_otherwise(tmp_path):
+    """moe_layer_freq 2 makes layer 1 dense by the config's rule, while transformers'
+    DeepseekV3 builds a mixture of experts there: one clear error, nothing written (it
+    was a bare AttributeError)."""
+    from kimi_mlp import hf
+    with pytest.raises(ValueError, match=r"model\.layers\.1\.mlp: expected a dense MLP, as "
+                       r"the model's config makes layer 1 .*moe_layer_freq 2\), got "
+                       r"DeepseekV3MoE"):
+        hf.save_fp8_ffn(build(moe_layer_freq=2), tmp_path / "freq2")
+    assert not (tmp_path / "freq2").exists()
