@@ -394,6 +394,28 @@ def fp8_config(model_config) -> KimiK2Config:
         "weight_block_size": [128, 128]}})
 
 
+def _ffn_weights(layers, config: KimiK2Config) -> dict:
+    """Name -> tensor of every FFN weight `save_fp8_ffn` writes (each dense layer's
+    norm gain and MLP, each MoE layer's shared expert), each holding data."""
+    out = {}
+    for i, layer in enumerate(layers):
+        p = f"model.layers.{i}."
+        if config.is_dense_layer(i):
+            mlp = layer.mlp
+            out[p + "post_attention_layernorm.weight"] = \
+                layer.post_attention_layernorm.weight
+            p += "mlp."
+        else:
+            mlp, p = layer.mlp.shared_experts, p + "mlp.shared_experts."
+        for proj in Fp8DenseMLP.PROJECTIONS:
+            out[f"{p}{proj}.weight"] = getattr(mlp, proj).weight
+    for name, t in out.items():
+        if t.is_meta:
+            raise ValueError(f"{name}: expected a tensor with data, got one on the "
+                             "meta device (load the model's weights first)")
+    return out
+
+
 def save_fp8_ffn(model: nn.Module, path) -> Path:
     """Write the FFN tensors of a bf16 DeepseekV3-style model as a Kimi-format FP8
     checkpoint in `path`: each dense layer's `post_attention_layernorm.weight` and MLP,
@@ -405,18 +427,12 @@ def save_fp8_ffn(model: nn.Module, path) -> Path:
     config, (prefix, layers) = fp8_config(model.config), decoder_layers(model)
     check_layout(prefix, layers, config, "the model's config")
     tensors = {}
-    for i, layer in enumerate(layers):
-        p = f"model.layers.{i}."
-        if config.is_dense_layer(i):
-            mlp = layer.mlp
-            tensors[p + "post_attention_layernorm.weight"] = (
-                layer.post_attention_layernorm.weight.detach().to(torch.bfloat16))
-            p += "mlp."
+    for name, w in _ffn_weights(layers, config).items():
+        if name.endswith("layernorm.weight"):
+            tensors[name] = w.detach().to(torch.bfloat16)
         else:
-            mlp, p = layer.mlp.shared_experts, p + "mlp.shared_experts."
-        for proj in Fp8DenseMLP.PROJECTIONS:
-            w, s = quantize_weight_blockwise(getattr(mlp, proj).weight.detach().float())
-            tensors[f"{p}{proj}.weight"], tensors[f"{p}{proj}.weight_scale_inv"] = w, s
+            q, s = quantize_weight_blockwise(w.detach().float())
+            tensors[name], tensors[name + "_scale_inv"] = q, s
     with atomic_directory(path) as tmp:      # all or nothing, into a new directory
         (tmp / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
         save_file({k: v.contiguous().cpu() for k, v in tensors.items()},

@@ -222,3 +222,12 @@ def test_save_fp8_ffn_names_a_layer_its_config_places_otherwise(tmp_path):
                        r"DeepseekV3MoE"):
         hf.save_fp8_ffn(build(moe_layer_freq=2), tmp_path / "freq2")
     assert not (tmp_path / "freq2").exists()
+
+
+def test_save_fp8_ffn_refuses_a_model_on_the_meta_device(tmp_path):
+    "Weights without data: one error naming the first tensor, nothing written."
+    from kimi_mlp import hf
+    with pytest.raises(ValueError, match=r"model\.layers\.0\.post_attention_layernorm\."
+                       r"weight: expected a tensor with data, got one on the meta device"):
+        hf.save_fp8_ffn(build(meta=True), tmp_path / "meta")
+    assert not (tmp_path / "meta").exists()
