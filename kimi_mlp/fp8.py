@@ -13,9 +13,9 @@ from .config import _check_block_size   # chapter 1: a pair of positive ints
 from .swiglu import silu
 
 # %% auto #0
-__all__ = ['FP8_MAX', 'ACT_AMAX_EPS', 'FP8_DTYPE', 'FP8_TENSOR_CORES', 'FP8_MODES', 'INT_OF_WIDTH', 'quantize_weight_blockwise',
-           'dequantize_weight_blockwise', 'quantize_activation', 'fp8_linear_w8a16', 'fp8_matmul_blockwise',
-           'fp8_linear_w8a8', 'Fp8Linear', 'Fp8DenseMLP']
+__all__ = ['FP8_MAX', 'ACT_AMAX_EPS', 'FP8_DTYPE', 'FP8_TENSOR_CORES', 'SCALE_MIN', 'FP8_MODES', 'INT_OF_WIDTH',
+           'quantize_weight_blockwise', 'dequantize_weight_blockwise', 'quantize_activation', 'fp8_linear_w8a16',
+           'fp8_matmul_blockwise', 'fp8_linear_w8a8', 'Fp8Linear', 'Fp8DenseMLP']
 
 # %% ../book/05_fp8.ipynb #466b5529
 FP8_MAX = 448.0          # largest finite float8_e4m3fn: 1.110 x 2^8
@@ -77,6 +77,9 @@ def _check_quantized_weight(weight, weight_scale_inv, block_size):
     return bn, bk
 
 # %% ../book/05_fp8.ipynb #2320bd44
+SCALE_MIN = torch.finfo(torch.float32).tiny        # 2^-126: the smallest normal float32
+
+
 def quantize_weight_blockwise(w: torch.Tensor, block_size=(128, 128)):
     """Quantize a weight to e4m3 with one float32 scale per `block_size` block.
 
@@ -88,9 +91,10 @@ def quantize_weight_blockwise(w: torch.Tensor, block_size=(128, 128)):
     Per block, `weight_scale_inv = amax(|block|) / 448` in float32 (edge blocks are
     partial: the amax runs over the real elements only) and
     `w_fp8 = (w / weight_scale_inv).clamp(-448, 448)` cast to e4m3, round to nearest
-    even. A block whose scale would be 0 (all zeros, or values so small that amax / 448
-    underflows) gets scale 1.0 and exact-zero (or rounded-to-zero) codes. Works one row
-    of blocks at a time: the float32 temporaries are `bn x K`, never `N x K`.
+    even. An all-zero block gets scale 1.0 and zero codes; a scale below float32's
+    smallest normal number is clamped up to SCALE_MIN, and the codes computed with it.
+    Works one row of blocks at a time: the float32 temporaries are `bn x K`, never
+    `N x K`.
     """
     _check_floating("w", w, rank=2)
     bn, bk = _check_block_size(block_size)
@@ -106,7 +110,7 @@ def quantize_weight_blockwise(w: torch.Tensor, block_size=(128, 128)):
         blocks = F.pad(rows.abs(), (0, kb * bk - k)).view(rows.shape[0], kb, bk)
         amax = blocks.amax(dim=(0, 2))                                # [kb]
         s = amax / amax.new_tensor(FP8_MAX)  # IEEE division on every device (see below)
-        s = torch.where(s > 0, s, torch.ones_like(s))
+        s = torch.where(amax > 0, s.clamp_min(SCALE_MIN), torch.ones_like(s))
         scale[i] = s
         s_cols = s.repeat_interleave(bk)[:k]                  # [K]: each column's scale
         codes = rows.div_(s_cols).clamp_(-FP8_MAX, FP8_MAX)

@@ -231,3 +231,26 @@ def test_save_fp8_ffn_refuses_a_model_on_the_meta_device(tmp_path):
                        r"weight: expected a tensor with data, got one on the meta device"):
         hf.save_fp8_ffn(build(meta=True), tmp_path / "meta")
     assert not (tmp_path / "meta").exists()
+
+
+def test_we_never_write_a_checkpoint_we_cannot_read(tmp_path):
+    """save_fp8_ffn on weights so small that amax / 448 is subnormal in float32: every
+    scale within chapter 6's SCALE_RANGE, the checkpoint loads and dequantizes within
+    e4m3's rounding (relative 2^-4, or half the smallest code step at the scale)."""
+    from kimi_mlp import hf
+    from kimi_mlp.checkpoint import SCALE_RANGE, load_dense_block
+    tiny_normal = torch.finfo(torch.float32).tiny          # fp8.SCALE_MIN, 2^-126
+    model = build()
+    gate = model.model.layers[0].mlp.gate_proj.weight
+    with torch.no_grad():
+        gate.mul_(1e-36)                       # amax / 448 about 1e-40: subnormal
+    want = gate.detach().double()
+    ckpt = hf.save_fp8_ffn(model, tmp_path / "tiny-weights")
+    block = load_dense_block(ckpt, layer=0)            # refused before: subnormal scales
+    s = block.mlp.gate_proj.weight_scale_inv
+    assert bool(((s >= SCALE_RANGE[0]) & (s <= SCALE_RANGE[1])).all())
+    assert bool((s == tiny_normal).any())
+    got = block.mlp.gate_proj.dequantized_weight(torch.float32).double()
+    err = (got - want).abs()
+    assert bool((err <= torch.maximum(want.abs() * 2.0**-4,
+                                      torch.tensor(2.0**-10 * tiny_normal))).all())
