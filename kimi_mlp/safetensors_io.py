@@ -26,7 +26,7 @@ except ImportError:
 
 # %% auto #0
 __all__ = ['INDEX_FILE', 'SINGLE_FILE', 'MAX_INDEX_BYTES', 'SAFETENSORS_DTYPES', 'MAX_HEADER_BYTES', 'MAX_CONFIG_BYTES',
-           'WRITER_MARK', 'RESERVED_NAMES', 'CheckpointError', 'CheckpointFileNotFoundError', 'as_path',
+           'WRITER_MARK', 'NAME_MAX', 'RESERVED_NAMES', 'CheckpointError', 'CheckpointFileNotFoundError', 'as_path',
            'open_regular_file', 'read_up_to', 'read_small_file', 'parse_json', 'read_json_file', 'checkpoint_file',
            'checkpoint_root', 'resolve_tensor_files', 'validate_layout', 'read_layout', 'read_safetensors_layout',
            'read_safetensors_header', 'read_checkpoint_json', 'checkpoint_tensors', 'remove_stale_partials',
@@ -509,9 +509,15 @@ def _umask() -> int:
     return mask
 
 
+#: The longest file name most file systems take (bytes); `.NAME.XXXXXXXX.partial`
+#: adds 18 to NAME, so a long NAME is cut short there.
+NAME_MAX = 255
+
+
 def _new_partial(parent: Path, name: str) -> tuple[Path, int | None]:
     """A fresh, locked `.NAME.XXXXXXXX.partial` directory in `parent` with the writer's
-    marker in it, and its lock."""
+    marker in it, and its lock; NAME cut to fit NAME_MAX (at a character boundary)."""
+    name = name.encode()[:NAME_MAX - 18].decode(errors="ignore")
     while True:
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=parent))
         lock = _lock(tmp)
@@ -534,6 +540,9 @@ def _check_target(path: Path) -> None:
     if path.name in ("", ".", ".."):
         raise ValueError(f"path: expected a new directory's name such as 'ckpt', "
                          f"got {str(path)!r}")
+    if len(path.name.encode()) > NAME_MAX:
+        raise ValueError(f"path: expected a name of at most {NAME_MAX} bytes, got "
+                         f"{len(path.name.encode())} bytes ({path.name[:40]}...)")
     if os.path.lexists(path) and (path.is_symlink() or not path.is_dir()
                                   or any(path.iterdir())):
         raise FileExistsError(f"path: expected a new or empty directory, got {path}")

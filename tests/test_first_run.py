@@ -254,3 +254,17 @@ def test_we_never_write_a_checkpoint_we_cannot_read(tmp_path):
     err = (got - want).abs()
     assert bool((err <= torch.maximum(want.abs() * 2.0**-4,
                                       torch.tensor(2.0**-10 * tiny_normal))).all())
+
+
+def test_a_long_directory_name_that_is_legal_is_written(tmp_path):
+    """A 240-byte directory name (legal: at most 255) gets a checkpoint: the temporary
+    directory beside it is named within the limit too. Above 255 bytes: one error."""
+    from kimi_mlp import hf
+    from kimi_mlp.checkpoint import load_dense_block
+    model = build()
+    name = "k" * 200 + "é" * 20                       # 240 bytes in UTF-8
+    ckpt = hf.save_fp8_ffn(model, tmp_path / name)
+    assert load_dense_block(ckpt, layer=0).mlp.gate_proj.weight.shape == (384, 256)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [name]   # nothing left beside
+    with pytest.raises(ValueError, match="path: expected a name of at most 255 bytes"):
+        hf.save_fp8_ffn(model, tmp_path / ("k" * 256))
