@@ -384,7 +384,12 @@ class FusedFp8DenseMLP(_CheckedOnce):
         if m in self._graphs:
             return _replay(self._graphs[m], rows).view(h.shape)
         plans, scratch = self._per_m.get(m) or self._prepare(m)
-        out = self._launches(rows.contiguous(), self._t, self._weights, plans, scratch)
+        try:
+            out = self._launches(rows.contiguous(), self._t, self._weights, plans,
+                                 scratch)
+        except BaseException:   # cut short (an error, Ctrl-C): split-K's counters may
+            self._per_m.pop(m, None)        # be mid-count, so these are never reused
+            raise
         return out if h.dim() == 2 else out.view(h.shape)
 
     def capture_graphs(self, ms=(1, 2, 4, 8, 16, 32, 64)) -> "FusedFp8DenseMLP":

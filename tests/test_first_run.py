@@ -268,3 +268,38 @@ def test_a_long_directory_name_that_is_legal_is_written(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]   # nothing left beside
     with pytest.raises(ValueError, match="path: expected a name of at most 255 bytes"):
         hf.save_fp8_ffn(model, tmp_path / ("k" * 256))
+
+
+# --- The caches of the fused module -------------------------------------------------------
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter runs programs in turn")
+def test_an_interrupt_inside_a_split_launch_leaves_no_stale_counter(monkeypatch):
+    """A launch cut short after one slice of a tile arrived (an interrupt inside the
+    gate/up launch, split 3 ways): the next call at the same M gives the same bits as
+    before, because the cached intermediates with their arrival counters were dropped."""
+    from kimi_mlp import kernels as K
+    from kimi_mlp.fused import FusedFp8DenseMLP, random_dense_block
+    real_plan, real_last = K._plan_for, K._last_of_tile
+    monkeypatch.setattr(K, "_plan_for", lambda kind, m, n, k, device, *a, **kw:
+                        real_plan(kind, m, n, k, device, 3))
+    fused = FusedFp8DenseMLP(random_dense_block(384, 330, seed=1))
+    gen = torch.Generator().manual_seed(9)
+    h, h2 = (torch.randn(2, 384, generator=gen).to(torch.bfloat16) for _ in range(2))
+    calls = []
+
+    def cut_short(*args):
+        last = real_last(*args)                     # the slice has counted itself
+        calls.append(last)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return last
+
+    with torch.no_grad():
+        want = FusedFp8DenseMLP(fused)(h2)          # a module of its own
+        fused(h)                                    # the scratch for M = 2 is kept
+        monkeypatch.setattr(K, "_last_of_tile", cut_short)
+        with pytest.raises(KeyboardInterrupt):
+            fused(h)
+        monkeypatch.setattr(K, "_last_of_tile", real_last)
+        assert torch.equal(fused(h2), want)
+        assert torch.equal(fused(h2), want)
