@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -17,8 +19,9 @@ from .fp8 import (FP8_DTYPE, INT_OF_WIDTH, Fp8DenseMLP,
 from .rmsnorm import RMSNorm, rms_norm
 
 # %% auto #0
-__all__ = ['SCRATCH_MAX_M', 'GAIN_DTYPES', 'FfnTensors', 'ffn_tensors', 'fused_ffn_block', 'FusedFp8DenseMLP', 'deepgemm_measure',
-           'tensor_core_shares', 'random_dense_block', 'fused_launch_costs', 'unfused_launch_costs', 'launch_floor_s']
+__all__ = ['SCRATCH_MAX_M', 'CACHE_ENTRIES', 'CACHE_BYTES', 'GAIN_DTYPES', 'FfnTensors', 'ffn_tensors', 'fused_ffn_block',
+           'kept_bytes', 'FusedFp8DenseMLP', 'deepgemm_measure', 'tensor_core_shares', 'random_dense_block',
+           'fused_launch_costs', 'unfused_launch_costs', 'launch_floor_s']
 
 # %% ../book/08_fused_mlp.ipynb #0d2c1f39
 @dataclass(frozen=True)
@@ -229,21 +232,113 @@ def _w8a16_launches(rows, t: FfnTensors, weights, plans, scratch):
 SCRATCH_MAX_M = 256
 
 
-def _plans_and_scratch(t: FfnTensors, m: int, w8a16_dtype=None) -> tuple:
+def _plans_and_scratch(t: FfnTensors, m: int, w8a16_dtype=None,
+                       num_sms: int | None = None) -> tuple:
     """The two GEMMs' plans (chapter 7) and the intermediates for m tokens, with the
     32-bit offset guard checked before the first launch; `w8a16_dtype`: the W8A16
-    launches' activations (None: the FP8 launches)."""
+    launches' activations (None: the FP8 launches); `num_sms`: plan for that many
+    SMs (None: the device's)."""
     d, f, dev = t.hidden_size, t.intermediate_size, t.norm_weight.device
     if m * max(d, f) >= 2**31:
         kernels._check_offsets("h", f"[{m}, {d}] through the intermediate [M, {f}]",
                                m * max(d, f))
     if w8a16_dtype is not None:
-        plans = (kernels._w8a16_plan_for("gate_up", m, f, d, dev),
-                 kernels._w8a16_plan_for("down", m, d, f, dev))
+        plans = (kernels._w8a16_plan_for("gate_up", m, f, d, dev, num_sms=num_sms),
+                 kernels._w8a16_plan_for("down", m, d, f, dev, num_sms=num_sms))
         return plans, _w8a16_scratch(m, d, f, plans, dev, w8a16_dtype)
-    plans = (kernels._plan_for("gate_up", m, f, d, dev),
-             kernels._plan_for("down", m, d, f, dev))
+    plans = (kernels._plan_for("gate_up", m, f, d, dev, num_sms=num_sms),
+             kernels._plan_for("down", m, d, f, dev, num_sms=num_sms))
     return plans, _scratch(m, d, f, plans, dev)
+
+# %% ../book/08_fused_mlp.ipynb #f5a7b9c1
+#: By default FusedFp8DenseMLP keeps the intermediates of at most this many token
+#: counts, and of at most this many bytes in all; the least recently used go first.
+CACHE_ENTRIES, CACHE_BYTES = 32, 256 * 2**20
+
+
+def _nbytes(tensors) -> int:
+    "Bytes of the storages under `tensors` (None skipped), each counted once."
+    storages = {t.untyped_storage()._cdata: t.untyped_storage().nbytes()
+                for t in tensors if isinstance(t, torch.Tensor)}
+    return sum(storages.values())
+
+
+def kept_bytes(m: int, hidden_size: int = 7168, intermediate_size: int = 18432,
+               w8a16_dtype=None, num_sms: int = 132) -> int:
+    """Bytes of the intermediates FusedFp8DenseMLP keeps for m tokens, with the plans
+    for `num_sms` SMs (132: an H200); made on the meta device, nothing allocated."""
+    meta = {"device": "meta"}
+    d, f = hidden_size, intermediate_size
+    t = FfnTensors(torch.empty(d, **meta), 1e-6, *(torch.empty(f, d, **meta),) * 4,
+                   torch.empty(d, f, **meta), torch.empty(d, f, **meta))
+    return _nbytes(_plans_and_scratch(t, m, w8a16_dtype, num_sms)[1])
+
+# %% ../book/08_fused_mlp.ipynb #f5a7b9c2
+class _KeptScratch:
+    """The per-M cache of `FusedFp8DenseMLP`: the plans and intermediates of at most
+    `cache_entries` token counts (each up to SCRATCH_MAX_M) and `cache_bytes` bytes,
+    in `_per_m`, least recently used first."""
+    _t: FfnTensors
+    act_dtype: torch.dtype | None
+    _graphs: dict
+    _weights: tuple
+    _launches: Callable
+
+    def _new_cache(self, entries=None, nbytes=None) -> None:
+        for name, v in (("cache_entries", entries), ("cache_bytes", nbytes)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                                  or v < 0):
+                raise ValueError(f"{name}: expected an int >= 0, got {v!r}")
+        self.cache_entries = getattr(self, "cache_entries", CACHE_ENTRIES) \
+            if entries is None else entries
+        self.cache_bytes = getattr(self, "cache_bytes", CACHE_BYTES) \
+            if nbytes is None else nbytes
+        self._per_m: OrderedDict = OrderedDict()
+        self._sizes: dict = {}
+
+    def _kept(self, m: int):
+        entry = self._per_m.get(m)
+        if entry is not None:
+            self._per_m.move_to_end(m)                 # the most recently used
+        return entry
+
+    def _prepare(self, m: int, keep: bool = True):
+        """Plans and intermediates for m tokens, kept for the next call within the
+        bounds (calls must then come one at a time, on one CUDA stream)."""
+        entry = _plans_and_scratch(self._t, m, self.act_dtype)
+        size = _nbytes(entry[1])
+        if keep and m <= SCRATCH_MAX_M and size <= self.cache_bytes \
+                and self.cache_entries:
+            self._per_m[m], self._sizes[m] = entry, size
+            while (len(self._per_m) > self.cache_entries
+                   or sum(self._sizes.values()) > self.cache_bytes):
+                self._drop(next(iter(self._per_m)))
+        return entry
+
+    def _launch(self, m: int, rows: torch.Tensor) -> torch.Tensor:
+        "The launches on [m, d] rows, with the intermediates kept for m or new ones."
+        plans, scratch = self._kept(m) or self._prepare(m)
+        try:
+            return self._launches(rows, self._t, self._weights, plans, scratch)
+        except BaseException:   # cut short (an error, Ctrl-C): split-K's counters may
+            self._drop(m)                   # be mid-count, so these are never reused
+            raise
+
+    def _drop(self, m: int) -> None:
+        self._per_m.pop(m, None)
+        self._sizes.pop(m, None)
+
+    def cache_info(self) -> dict:
+        "What is kept: token counts, their bytes, the bounds, the CUDA graphs' M."
+        return {"ms": list(self._per_m), "bytes": sum(self._sizes.values()),
+                "cache_entries": self.cache_entries,
+                "cache_bytes": self.cache_bytes, "graphs": sorted(self._graphs)}
+
+    def clear_cache(self) -> None:
+        "Free the kept plans and intermediates, and the CUDA graphs."
+        self._per_m.clear()
+        self._sizes.clear()
+        self._graphs.clear()
 
 # %% ../book/08_fused_mlp.ipynb #7fed3f7d
 def _choose_mode(device: torch.device, mode=None, act_dtype=None) -> tuple:
@@ -316,14 +411,16 @@ def _gain_cast(norm: nn.Module | None, fn):
         norm._parameters["weight"] = nn.Parameter(moved, requires_grad=grad)
 
 # %% ../book/08_fused_mlp.ipynb #c61f2a9d
-class _CheckedOnce(nn.Module):
-    """What `FusedFp8DenseMLP` keeps between calls: the block's two submodules (shared),
-    its tensors checked (`_t`), the launches and the weights as they read them
-    (`_weights`: TMA descriptors, built once), per token count the plans and scratch
-    (`_per_m`) and CUDA graphs (`_graphs`), and the block's `_fingerprint` (`_seen`)."""
+class _CheckedOnce(_KeptScratch, nn.Module):
+    """What `FusedFp8DenseMLP` keeps between calls: the block's submodules (shared), its
+    tensors checked (`_t`), the launches and the weights as they read them (`_weights`),
+    the plans and scratch per M (`_KeptScratch`, within `cache_entries` and
+    `cache_bytes`), CUDA graphs (`_graphs`) and the block's `_fingerprint` (`_seen`)."""
 
-    def __init__(self, block: nn.Module, mode: str | None = None, act_dtype=None):
+    def __init__(self, block: nn.Module, mode: str | None = None, act_dtype=None, *,
+                 cache_entries: int | None = None, cache_bytes: int | None = None):
         super().__init__()
+        self._new_cache(cache_entries, cache_bytes)
         gain = getattr(getattr(block, "post_attention_layernorm", None), "weight", None)
         if isinstance(gain, torch.Tensor):   # a GPU below 7.5, a mode it cannot run:
             _choose_mode(gain.device, mode, act_dtype)     # refused in one line, first
@@ -341,7 +438,8 @@ class _CheckedOnce(nn.Module):
         self.hidden_size, self.intermediate_size = t.hidden_size, t.intermediate_size
         self.mode, self.act_dtype = _choose_mode(t.norm_weight.device, *self._asked)
         self._weights, self._launches = _weights_and_launches(t, self.mode)
-        self._graphs, self._per_m, self._seen = {}, {}, _fingerprint(self)
+        self._graphs, self._seen = {}, _fingerprint(self)
+        self._new_cache()
 
     def _apply(self, fn, *args, **kwargs):                   # .to(), .cuda(), ...
         with _gain_cast(self.post_attention_layernorm, fn):
@@ -349,13 +447,6 @@ class _CheckedOnce(nn.Module):
         self._bind()
         return self
 
-    def _prepare(self, m: int, keep: bool = True):
-        """Plans and intermediates for m tokens, kept for the next call when m <=
-        SCRATCH_MAX_M (calls must then come one at a time, on one CUDA stream)."""
-        entry = _plans_and_scratch(self._t, m, self.act_dtype)
-        if keep and m <= SCRATCH_MAX_M:
-            self._per_m[m] = entry
-        return entry
 
 # %% ../book/08_fused_mlp.ipynb #6e2f9b48
 class FusedFp8DenseMLP(_CheckedOnce):
@@ -383,13 +474,7 @@ class FusedFp8DenseMLP(_CheckedOnce):
             return h.clone()
         if m in self._graphs:
             return _replay(self._graphs[m], rows).view(h.shape)
-        plans, scratch = self._per_m.get(m) or self._prepare(m)
-        try:
-            out = self._launches(rows.contiguous(), self._t, self._weights, plans,
-                                 scratch)
-        except BaseException:   # cut short (an error, Ctrl-C): split-K's counters may
-            self._per_m.pop(m, None)        # be mid-count, so these are never reused
-            raise
+        out = self._launch(m, rows.contiguous())     # kept intermediates, or new ones
         return out if h.dim() == 2 else out.view(h.shape)
 
     def capture_graphs(self, ms=(1, 2, 4, 8, 16, 32, 64)) -> "FusedFp8DenseMLP":

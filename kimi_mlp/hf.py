@@ -40,17 +40,6 @@ def _w8a8_launches(m: nn.Module, rows: torch.Tensor) -> torch.Tensor:
     return kernels.fp8_gemm(p8, ps, dn.weight, dn.weight_scale_inv)
 
 
-def _not_saved_in_a_model(module: nn.Module, prefix: str, keep_vars) -> None:
-    """A FusedMLP's state inside a model's state_dict would put FP8 codes under the
-    names a bf16 model loads as weights: refused (on its own, prefix '', it is given)."""
-    if prefix:
-        raise RuntimeError(
-            f"{prefix.rstrip('.')}: a FusedMLP (fuse_ffn) holds FP8 codes and scales "
-            "under names a bf16 model loads as weights; call the FuseReport's "
-            "restore() before state_dict() or save_pretrained(), and fuse_ffn again "
-            "after loading")
-
-
 def _w8a16_launches(m: nn.Module, rows: torch.Tensor, act_dtype) -> torch.Tensor:
     "The same in W8A16 (chapter 7, section 6): x and p in `act_dtype`, y in bf16."
     g, u, dn, norm = m.gate_proj, m.up_proj, m.down_proj, m.norm
@@ -60,13 +49,38 @@ def _w8a16_launches(m: nn.Module, rows: torch.Tensor, act_dtype) -> torch.Tensor
                                      u.weight_scale_inv)
     return kernels.w8a16_gemm(p, dn.weight, dn.weight_scale_inv).to(torch.bfloat16)
 
+# %% ../book/11_hf.ipynb #e72c918c
+def _bf16_forward(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    "`FusedMLP` m on bf16 x [..., d]: chapter 5's torch module, or the launches."
+    _check_hidden(x, m.hidden_size, m.gate_proj.weight.device)
+    if m.impl != "fused":
+        x = x if m.norm is None else m.norm(x)
+        return m._mlp[0](x, mode=m.impl)
+    rows = x.reshape(-1, m.hidden_size).contiguous()
+    if rows.shape[0] == 0:                               # no launch for no tokens
+        return x.clone()
+    path, act_dtype = _choose_mode(rows.device)          # by the GPU family
+    return (_w8a8_launches(m, rows) if path == "w8a8"
+            else _w8a16_launches(m, rows, act_dtype)).view(x.shape)
+
+
+def _not_saved_in_a_model(module: nn.Module, prefix: str, keep_vars) -> None:
+    """A FusedMLP's state inside a model's state_dict would put FP8 codes under the
+    names a bf16 model loads as weights: refused (alone, prefix '', it is given)."""
+    if prefix:
+        raise RuntimeError(
+            f"{prefix.rstrip('.')}: a FusedMLP (fuse_ffn) holds FP8 codes and scales "
+            "under names a bf16 model loads as weights; call the FuseReport's "
+            "restore() before state_dict() or save_pretrained(), and fuse_ffn again "
+            "after loading")
+
 # %% ../book/11_hf.ipynb #ad9265b9
 class FusedMLP(nn.Module):
     """A drop-in for `DeepseekV3MLP` from FP8 codes and scales: x [..., d] bf16 ->
     `down(silu(gate(x)) * up(x))` bf16; with `norm`, `mlp(norm(x))`, norm in launch 1.
-    In a model cast to fp16 or fp32 it computes on x in bf16 and returns x's dtype.
     impl "fused": chapter 7's kernels by GPU family (`path`: the numerics of mode
-    "w8a8" or "w8a16"); "w8a8", "w8a16": chapter 5's `Fp8DenseMLP` in that mode."""
+    "w8a8" or "w8a16"); "w8a8", "w8a16": chapter 5's `Fp8DenseMLP` in that mode.
+    In a model cast to fp16 or fp32 it computes on x in bf16, answers in x's dtype."""
 
     def __init__(self, mlp: Fp8DenseMLP, norm: RMSNorm | None = None,
                  impl: str = "fused"):
@@ -86,27 +100,15 @@ class FusedMLP(nn.Module):
         return _choose_mode(self.gate_proj.weight.device)[0] if self.impl == "fused" \
             else None
 
-    def _apply(self, fn, *args, **kwargs):    # a cast keeps codes, scales, bf16 gain
-        with _gain_cast(self.norm, fn):
-            return super()._apply(fn, *args, **kwargs)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, torch.Tensor) and x.is_floating_point() \
                 and x.dtype != torch.bfloat16:       # a model cast to fp16 or fp32
-            return self._bf16(x.to(torch.bfloat16)).to(x.dtype)
-        return self._bf16(x)
+            return _bf16_forward(self, x.to(torch.bfloat16)).to(x.dtype)
+        return _bf16_forward(self, x)
 
-    def _bf16(self, x: torch.Tensor) -> torch.Tensor:
-        _check_hidden(x, self.hidden_size, self.gate_proj.weight.device)
-        if self.impl != "fused":
-            x = x if self.norm is None else self.norm(x)
-            return self._mlp[0](x, mode=self.impl)
-        rows = x.reshape(-1, self.hidden_size).contiguous()
-        if rows.shape[0] == 0:                           # no launch for no tokens
-            return x.clone()
-        path, act_dtype = _choose_mode(rows.device)            # by the GPU family
-        return (_w8a8_launches(self, rows) if path == "w8a8"
-                else _w8a16_launches(self, rows, act_dtype)).view(x.shape)
+    def _apply(self, fn, *args, **kwargs):    # a cast keeps codes, scales, bf16 gain
+        with _gain_cast(self.norm, fn):
+            return super()._apply(fn, *args, **kwargs)
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, intermediate_size="
@@ -177,7 +179,7 @@ class Swap:
     old: tuple
     new: tuple
 
-
+# %% ../book/11_hf.ipynb #351ee60e
 @dataclasses.dataclass
 class FuseReport:
     """What `fuse_ffn` replaced, in order (`swaps`); `restore()` puts every original
@@ -415,7 +417,7 @@ def _ffn_weights(layers, config: KimiK2Config) -> dict:
                              "meta device (load the model's weights first)")
     return out
 
-
+# %% ../book/11_hf.ipynb #70ecdfbb
 def save_fp8_ffn(model: nn.Module, path) -> Path:
     """Write the FFN tensors of a bf16 DeepseekV3-style model as a Kimi-format FP8
     checkpoint in `path`: each dense layer's `post_attention_layernorm.weight` and MLP,

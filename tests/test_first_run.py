@@ -303,3 +303,57 @@ def test_an_interrupt_inside_a_split_launch_leaves_no_stale_counter(monkeypatch)
         monkeypatch.setattr(K, "_last_of_tile", real_last)
         assert torch.equal(fused(h2), want)
         assert torch.equal(fused(h2), want)
+
+
+def test_the_kept_intermediates_are_bounded_visible_and_freed(monkeypatch):
+    """The fused module keeps at most cache_entries token counts and cache_bytes bytes,
+    least recently used out first; cache_info() reports it, clear_cache() frees it, and
+    the defaults bound a decode loop over many token counts."""
+    from kimi_mlp import fused as F
+    block = F.random_dense_block(256, 384, seed=4)
+    gen = torch.Generator().manual_seed(10)
+    hs = {m: torch.randn(m, 256, generator=gen).to(torch.bfloat16) for m in range(1, 8)}
+    size = {m: F.kept_bytes(m, 256, 384, num_sms=1) for m in hs}
+    with torch.no_grad():
+        module = F.FusedFp8DenseMLP(block, cache_entries=2)
+        want = {m: module(hs[m]) for m in (1, 2, 3)}
+        assert module.cache_info()["ms"] == [2, 3]
+        module(hs[2])                                        # 2 is the most recent now
+        module(hs[4])
+        assert module.cache_info()["ms"] == [2, 4]
+        assert module.cache_info()["bytes"] == size[2] + size[4]
+        by_bytes = F.FusedFp8DenseMLP(block, cache_bytes=size[6] + size[7])
+        for m in (5, 6, 7):
+            by_bytes(hs[m])
+        assert by_bytes.cache_info()["ms"] == [6, 7]         # 5 went for 7
+        assert by_bytes.cache_info()["bytes"] == size[6] + size[7]
+        small = F.FusedFp8DenseMLP(block, cache_bytes=size[1])
+        small(hs[2])                                         # larger than the bound
+        assert small.cache_info()["ms"] == [] and small.cache_info()["bytes"] == 0
+        default = F.FusedFp8DenseMLP(block).cache_info()
+        assert (default["cache_entries"], default["cache_bytes"]) == (32, 256 * 2**20)
+        monkeypatch.setattr(F, "CACHE_ENTRIES", 3)          # the defaults bound a loop
+        loop = F.FusedFp8DenseMLP(block)
+        for m in hs:
+            loop(hs[m])
+        assert loop.cache_info()["ms"] == [5, 6, 7]
+        module.clear_cache()
+        assert module.cache_info()["ms"] == [] and module.cache_info()["bytes"] == 0
+        assert all(torch.equal(module(hs[m]), want[m]) for m in want)
+    with pytest.raises(ValueError, match=r"cache_bytes: expected an int >= 0, got -1"):
+        F.FusedFp8DenseMLP(block, cache_bytes=-1)
+
+
+def test_kept_bytes_at_the_real_shapes_is_what_a_module_keeps():
+    """kept_bytes (meta device, no allocation) equals the bytes of what the module really
+    allocates for the same plans, here at small widths with a plan split along K."""
+    from kimi_mlp import fused as F
+    block = F.random_dense_block(384, 330, seed=1)
+    module = F.FusedFp8DenseMLP(block)
+    for m in (1, 16):
+        plans, scratch = module._prepare(m, keep=False)
+        assert F._nbytes(scratch) == F.kept_bytes(m, 384, 330, num_sms=1)
+    wide = F.FusedFp8DenseMLP(F.random_dense_block(1024, 640, seed=2))
+    split = F._plans_and_scratch(wide._t, 1, None, num_sms=132)
+    assert split[0][0]["split_k"] == 2                   # gate/up's partials kept too
+    assert F._nbytes(split[1]) == F.kept_bytes(1, 1024, 640, num_sms=132)
