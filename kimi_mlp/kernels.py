@@ -3,9 +3,9 @@
 # %% auto #0
 __all__ = ['INTERPRETED', 'NATIVE', 'QUANT_BLOCK', 'GEMM_TILES', 'MIN_STEPS', 'MAX_SPLIT', 'ADA_TILES', 'W8A16_ARCHS',
            'AMPERE_TILES', 'TURING_TILES', 'BLACKWELL_TILES', 'ARCH_TILES', 'SM_SHARED', 'SM_REGS', 'TMA_ARCHS',
-           'TC_ACC_BITS', 'TC_CHUNK', 'W8A16_BOUND', 'FP16_MAX', 'dequantize_blockwise_triton', 'decode_e4m3',
-           'act_quant', 'rmsnorm_quant', 'plan_gemm', 'device_sms', 'arch_family', 'device_arch', 'device_label',
-           'fp8_gemm', 'tensor_core_matmul', 'tensor_core_error', 'tensor_core_mlp', 'w8a16_gemm',
+           'TC_ACC_BITS', 'TC_CHUNK', 'W8A16_BOUND', 'FP16_MAX', 'U32', 'U16', 'UBF16', 'dequantize_blockwise_triton',
+           'decode_e4m3', 'act_quant', 'rmsnorm_quant', 'plan_gemm', 'device_sms', 'arch_family', 'device_arch',
+           'device_label', 'fp8_gemm', 'tensor_core_matmul', 'tensor_core_error', 'tensor_core_mlp', 'w8a16_gemm',
            'fp8_gate_up_swiglu_quant', 'fp8_down_residual', 'rmsnorm_act', 'w8a16_gate_up_swiglu', 'fp16_bounds']
 
 # %% ../book/07_kernels.ipynb #0d3698a5
@@ -1879,21 +1879,63 @@ W8A16_BOUND = 5 * 2.0**-8
 
 # %% ../book/07_kernels.ipynb #17c4a719
 FP16_MAX = 65504.0
+#: Unit roundoffs (half an ulp at 1, rounding to nearest) of float32, fp16 and bf16.
+U32, U16, UBF16 = 2.0**-24, 2.0**-11, 2.0**-8
 
 
+def _rn(a: float, bits: int) -> float:
+    """a >= 0 rounded to nearest even with a `bits`-bit significand: since rounding
+    is monotone, the largest value that rounding gives for any input in [0, a]."""
+    if not math.isfinite(a) or a == 0:
+        return a
+    m, e = math.frexp(a)
+    return round(m * 2**bits) * 2.0 ** (e - bits)      # round(): half to even
+
+
+def _fp16(a: float) -> float:
+    "The largest fp16 value a store of any value in [0, a] gives: inf from 65520 on."
+    return a if math.isnan(a) else _rn(a, 11) if a < 65520 else math.inf
+
+
+def _gamma(n: int) -> float:
+    "The relative error of an n-term float32 sum of products, in any order."
+    return n * U32 / (1 - n * U32)
+
+# %% ../book/07_kernels.ipynb #17c4a71a
+def _x_bounds(d: int, gain_max: float, eps: float, gain_bf16: bool) -> tuple:
+    """(largest |x|, largest ||x||) of rmsnorm_act's fp16 output over every input.
+    Exactly, |h_i| rstd <= ||h|| rstd <= sqrt(d). The float32 statistics (squares
+    rounded only below 2^-126, a sum, the mean, + eps, sqrt, 1/, the product) stretch
+    that by `a`; then bf16 rounds it, the gain multiplies, and the product is rounded
+    to bf16 (to float32 for a float32 gain) and stored in fp16."""
+    c = (1 - _gamma(d)) * (1 - U32) - (2.0**-149 / eps if eps > 0 else math.inf)
+    if not c > 0:                  # eps 0: a tiny h makes rstd as large as it likes
+        return math.inf, math.inf
+    a = (1 + U32) ** 2 / ((1 - U32) ** 1.5 * math.sqrt(c)) * (1 + 2.0**-40)
+    b = _rn(math.sqrt(d) * a, 8)                           # xn = bf16(h rstd)
+    one = _fp16(_rn(gain_max * b, 8 if gain_bf16 else 24))
+    rel = a * (1 + UBF16) * (1 + (UBF16 if gain_bf16 else U32)) * (1 + U16)
+    tiny = gain_max * 2.0**-134 + 2.0**-134 + 2.0**-25    # subnormal roundings
+    norm = math.sqrt(d) * (gain_max * rel + tiny)
+    return one, (norm if one < math.inf else math.inf)
+
+# %% ../book/07_kernels.ipynb #17c4a71b
 def fp16_bounds(norm_weight: torch.Tensor, gate: torch.Tensor, gate_scale: torch.Tensor,
-                up: torch.Tensor, up_scale: torch.Tensor, rows: int = 1024) -> dict:
-    """Bounds on |x|, |g|, |u| and |p| of the W8A16 block over every input (the text's
-    Cauchy-Schwarz argument), in float64: x = sqrt(d) max|gain|; g, u = x times the
-    largest row norm of the dequantized weight; p = g u. Where a bound is below
-    FP16_MAX that value cannot overflow in fp16. Weights are read `rows` at a time."""
+                up: torch.Tensor, up_scale: torch.Tensor, rows: int = 1024,
+                eps: float = 1e-6) -> dict:
+    """Bounds on |x|, |g|, |u| and |p| of the W8A16 block in fp16 over every input
+    (the text's argument, with each of the kernels' roundings; float64): the largest
+    value each can store, or inf where it can overflow. Below FP16_MAX a value is
+    finite for every input. eps: the norm's. Weights are read `rows` at a time."""
     _check_rank("norm_weight", norm_weight, 1, "[d]")
+    _check_tensor("norm_weight", norm_weight, (torch.bfloat16, torch.float32))
     d = norm_weight.shape[0]
     f, gate = _check_w8a16_weight("gate", gate, "gate_scale", gate_scale, d,
                                   norm_weight.device)
     _, up = _check_w8a16_weight("up", up, "up_scale", up_scale, d, norm_weight.device,
                                 f)
-    x = math.sqrt(d) * norm_weight.detach().abs().max().double().item()
+    gain_max = norm_weight.detach().abs().max().double().item()
+    x, x_norm = _x_bounds(d, gain_max, eps, norm_weight.dtype == torch.bfloat16)
 
     def row_norm(codes, s):                          # NaN anywhere: NaN, not dropped
         norms, step = [], max(128, rows // 128 * 128)        # whole scale blocks
@@ -1903,7 +1945,10 @@ def fp16_bounds(norm_weight: torch.Tensor, gate: torch.Tensor, gate_scale: torch
             w = codes[r0:r1].view(FP8_DTYPE).double()
             w = w * sc[:r1 - r0].repeat_interleave(128, 1)[:, :d]
             norms.append(w.norm(dim=1))
-        return torch.cat(norms).max().item()
+        return torch.cat(norms).max().item() * (1 + 2.0**-40)
 
-    g, u = x * row_norm(gate, gate_scale), x * row_norm(up, up_scale)
-    return {"x": x, "g": g, "u": u, "p": g * u}
+    dot = (1 + _gamma(d + -(-d // 128) + 2)) * x_norm         # float32 sums
+    g, u = (_fp16(dot * row_norm(c, s)) for c, s in ((gate, gate_scale),
+                                                      (up, up_scale)))
+    p = _fp16(_fp16(g * (1 + U32)) * u * (1 + U32))   # silu(g) <= g; the product
+    return {"x": x, "g": g, "u": u, "p": p}

@@ -1,5 +1,6 @@
 """What a new user meets on the first day: the import order, the Hugging Face path, the
 command line and the caches. Each test here failed before its fix."""
+import math
 import os
 import subprocess
 import sys
@@ -357,3 +358,37 @@ def test_kept_bytes_at_the_real_shapes_is_what_a_module_keeps():
     split = F._plans_and_scratch(wide._t, 1, None, num_sms=132)
     assert split[0][0]["split_k"] == 2                   # gate/up's partials kept too
     assert F._nbytes(split[1]) == F.kept_bytes(1, 1024, 640, num_sms=132)
+
+
+# --- Bounds -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("d, gain_safe, gain_over", [(129, 5728.0, 5760.0),
+                                                     (7168, 772.0, 776.0)])
+def test_fp16_bounds_holds_at_its_edge_and_is_tight_there(d, gain_safe, gain_over):
+    """rmsnorm_act in fp16 at the edge of what fp16_bounds claims: with the largest bf16
+    gain it calls safe, the worst input (one large feature: |h_0| rstd on sqrt(d))
+    stores a finite value, equal to the bound (tight: ratio 1); one bf16 step higher the
+    bound is not finite, and the kernel does give inf there (5760 at d = 129: the old
+    bound, sqrt(d) max|gain| = 65421, called it safe)."""
+    import warnings
+
+    from kimi_mlp import kernels as K
+    codes, unit = torch.zeros(128, d, dtype=torch.uint8), torch.ones(1, -(-d // 128))
+    hot = torch.zeros(1, d, dtype=torch.bfloat16)
+    hot[0, 0] = 2.0**10
+    for g, finite in ((gain_safe, True), (gain_over, False)):
+        gain = torch.full((d,), g, dtype=torch.bfloat16)
+        bound = K.fp16_bounds(gain, codes, unit, codes, unit)["x"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            got = K.rmsnorm_act(hot, gain, 1e-6, torch.float16).abs().max().item()
+        assert (bound <= K.FP16_MAX) == finite == math.isfinite(got), (g, bound, got)
+        if finite:
+            assert got == bound                                      # tight
+    # random inputs at every scale stay within the safe gain's bound
+    gain = torch.full((d,), gain_safe, dtype=torch.bfloat16)
+    bound = K.fp16_bounds(gain, codes, unit, codes, unit)["x"]
+    gen = torch.Generator().manual_seed(12)
+    h = torch.randn(64, d, generator=gen) * torch.logspace(-3, 3, 64)[:, None]
+    x = K.rmsnorm_act(h.to(torch.bfloat16), gain, 1e-6, torch.float16)
+    assert x.isfinite().all() and x.abs().max().item() <= bound

@@ -107,8 +107,10 @@ def test_fp16_overflow_is_inf_or_nan_never_a_clip():
                            mlp.gate_proj.weight_scale_inv, mlp.up_proj.weight,
                            mlp.up_proj.weight_scale_inv, rows=128)
     gain_max = blk.post_attention_layernorm.weight.abs().max().double().item()
-    assert bounds["x"] == pytest.approx(math.sqrt(256) * gain_max)
-    assert bounds["p"] == pytest.approx(bounds["g"] * bounds["u"])
+    # sqrt(d) max|gain| stretched by the kernel's roundings (at most 3 bf16/fp16 ones)
+    assert math.sqrt(256) * gain_max * (1 - 2.0**-8) <= bounds["x"] \
+        <= math.sqrt(256) * gain_max * (1 + 2.0**-8) ** 2 * (1 + 2.0**-11) * 1.001
+    assert bounds["p"] == pytest.approx(bounds["g"] * bounds["u"], rel=2.0**-9)
     # the bound holds: the largest |g| over random inputs stays below it
     h = torch.randn(64, 256).to(torch.bfloat16) * 10
     xx = K.rmsnorm_act(h, blk.post_attention_layernorm.weight, 1e-6, torch.float16)
