@@ -9,6 +9,7 @@ import importlib
 import importlib.util
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -21,7 +22,9 @@ from .fp8 import FP8_MODES
 from .safetensors_io import CheckpointError, checkpoint_root, checkpoint_tensors
 
 # %% auto #0
-__all__ = ['COMMANDS', 'EXTERNAL_COMMANDS', 'register_command', 'int_in', 'build_parser', 'main']
+__all__ = ['COMMANDS', 'EXTERNAL_COMMANDS', 'EXIT_OK', 'EXIT_FAILED', 'EXIT_USAGE', 'EXIT_NO_GPU', 'EXIT_MISSING',
+           'EXIT_INTERRUPTED', 'EXTRAS', 'WIDTH', 'register_command', 'int_in', 'missing_package', 'needs', 'out_dir',
+           'run_external', 'Progress', 'build_parser', 'main']
 
 # %% ../book/appendix_b_cli.ipynb #6d35a103
 COMMANDS: dict[str, tuple[str, object, object]] = {}  # name -> (help, add_args, run)
@@ -74,6 +77,95 @@ def int_in(lo: int, hi: int):
     parse.__name__ = f"int in [{lo}, {hi}]"
     return parse
 
+# %% ../book/appendix_b_cli.ipynb #a1b2c3d1
+#: The exit statuses of every command (the table above).
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_GPU, EXIT_MISSING = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED = 130
+#: The optional packages, each with the extra of kimi-mlp that brings it.
+EXTRAS = {"triton": "kernels", "matplotlib": "report"}
+#: A hidden or intermediate width: at least one 128-wide block, at most MAX_WIDTH.
+WIDTH = int_in(128, MAX_WIDTH)
+
+
+def missing_package(e: ImportError) -> str | None:
+    "The optional package whose absence raised `e`, or None (then it is a bug)."
+    root = (getattr(e, "name", None) or "").split(".")[0]
+    return root if isinstance(e, ModuleNotFoundError) and root in EXTRAS else None
+
+
+def needs(package: str) -> None:
+    "Import `package` now, so a command stops at its start when it is missing."
+    importlib.import_module(package)
+
+
+def out_dir(text: str) -> Path:
+    "An argparse type: a directory to write into, new or existing, not a file."
+    if Path(text).exists() and not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"expected a directory, got {text!r}, "
+                                         "which is a file")
+    return Path(text)
+
+# %% ../book/appendix_b_cli.ipynb #a1b2c3d2
+def _line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__        # one line, always
+
+
+def run_external(prog: str, module: str, function: str = "main", argv=None) -> int:
+    """Import `module` and run `function(argv)` under the command line's rules: an
+    optional package missing is one line and EXIT_MISSING, bad input one line and
+    EXIT_FAILED, Ctrl-C EXIT_INTERRUPTED; otherwise the function's status."""
+    try:
+        rc = getattr(importlib.import_module(module), function)(argv)
+    except ImportError as e:
+        package = missing_package(e)
+        if package is None:
+            raise
+        print(f"error: {prog}: needs {package}, which is not installed: pip install "
+              f"'kimi-mlp[{EXTRAS[package]}]'", file=sys.stderr, flush=True)
+        return EXIT_MISSING
+    except (CheckpointError, ValueError, TypeError, OSError) as e:
+        print(f"error: {prog}: {_line(e)}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    return EXIT_OK if rc is None else rc
+
+# %% ../book/appendix_b_cli.ipynb #a1b2c3d4
+class Progress:
+    """A command's progress on `stream` (stderr): a tqdm bar on a terminal when tqdm is
+    installed, else "WHAT [i/n]: text" per step; `lines=False`: the bar only.
+    Call it once per step finished; use it as a context manager."""
+
+    def __init__(self, what: str, total: int | None = None, lines: bool = True,
+                 stream=None):
+        self.what, self.total, self.lines, self.done = what, total, lines, 0
+        self.stream, self.bar = stream or sys.stderr, None
+        if self.stream.isatty():
+            try:
+                from tqdm import tqdm
+            except ImportError:
+                pass
+            else:
+                self.bar = tqdm(total=total, desc=what, file=self.stream, leave=False)
+
+    def __call__(self, text: str = "") -> None:
+        self.done += 1
+        if self.bar is not None:
+            self.bar.set_postfix_str(text[:60], refresh=False)
+            self.bar.update(1)
+        elif self.lines:
+            of = f"/{self.total}" if self.total else ""
+            print(f"{self.what} [{self.done}{of}]: {text}", file=self.stream,
+                  flush=True)
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
 # %% ../book/appendix_b_cli.ipynb #859baf1f
 def build_parser() -> argparse.ArgumentParser:
     "The parser of `python -m kimi_mlp`, with every registered and available command."
@@ -97,22 +189,22 @@ def main(argv=None) -> int:
     if argv and argv[0] in EXTERNAL_COMMANDS and argv[0] not in COMMANDS:
         module = EXTERNAL_COMMANDS[argv[0]][0]
         if _external_available(module):
-            rc = importlib.import_module(module).main(argv[1:])
-            return 0 if rc is None else rc
+            return run_external(f"python -m kimi_mlp {argv[0]}", module,
+                                argv=argv[1:])
     args = build_parser().parse_args(argv)
     try:
         rc = args._run(args)
     except (CheckpointError, ValueError, TypeError, OSError) as e:   # bad input: a line
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 1
+        print(f"error: {_line(e)}", file=sys.stderr, flush=True)
+        return EXIT_FAILED
     except MemoryError as e:             # a consistent checkpoint larger than memory
         print(f"error: out of memory: {str(e).strip() or 'an allocation failed'}",
               file=sys.stderr, flush=True)
-        return 1
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
-        return 130
-    return 0 if rc is None else rc
+        return EXIT_INTERRUPTED
+    return EXIT_OK if rc is None else rc
 
 # %% ../book/appendix_b_cli.ipynb #ac6ffca4
 _SEED = int_in(0, 2**63 - 1)

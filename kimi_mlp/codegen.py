@@ -772,6 +772,8 @@ def main(argv=None) -> int:
     p.add_argument("--hidden-size", type=int, default=7168)
     p.add_argument("--intermediate-size", type=int, default=18432)
     a = p.parse_args(argv)
+    from kimi_mlp.cli import needs
+    needs("triton")                      # here: the compiling process imports it too
     arch, sms = TARGETS[a.arch]
     try:
         report = inspect_kernels(a.m, a.hidden_size, a.intermediate_size,

@@ -350,6 +350,8 @@ def gpu_report_main(argv=None) -> int:
     """`python -m kimi_mlp gpu-report --out DIR`: 0 when every step passed, 1 when one
     failed, 2 when refused (no GPU and no --cpu-smoke), 130 when interrupted."""
     args = _gpu_report_parser().parse_args(argv)
+    from kimi_mlp.cli import needs
+    needs("triton"), needs("matplotlib")      # the kernels; the notebooks' figures
     if not torch.cuda.is_available() and not args.cpu_smoke:
         print("error: gpu-report: no CUDA device; --cpu-smoke runs the same steps "
               "through "

@@ -392,3 +392,85 @@ def test_fp16_bounds_holds_at_its_edge_and_is_tight_there(d, gain_safe, gain_ove
     h = torch.randn(64, d, generator=gen) * torch.logspace(-3, 3, 64)[:, None]
     x = K.rmsnorm_act(h.to(torch.bfloat16), gain, 1e-6, torch.float16)
     assert x.isfinite().all() and x.abs().max().item() <= bound
+
+
+# --- The command line ---------------------------------------------------------------------
+
+#: Every command, with arguments that would run it (DIR: a small checkpoint).
+COMMANDS = {
+    "synth": ["synth", "{tmp}/new"], "info": ["info", "{ckpt}"],
+    "check": ["check", "{ckpt}", "--tokens", "2"],
+    "bench": ["bench", "--cpu-smoke", "--out", "{tmp}/bench"],
+    "gpu-report": ["gpu-report", "--cpu-smoke", "--out", "{tmp}/report"],
+    "inspect": ["inspect", "--m", "1"], "tune": ["tune", "--out", "{tmp}/t.json"],
+    "tp-check": ["tp-check", "{ckpt}"],
+    "gpucheck": ["--cpu-smoke", "--out", "{tmp}/check"],
+}
+#: The imports the base install lacks: Triton, transformers, matplotlib.
+_BLOCKED = ("import sys\n"
+            "for name in ('triton', 'transformers', 'matplotlib'):\n"
+            "    sys.modules[name] = None     # `import name` raises ModuleNotFoundError\n")
+
+
+def run_command(name: str, args: list, blocked: bool = False) -> subprocess.CompletedProcess:
+    "`python -m kimi_mlp ARGS` (or `python -m kimi_mlp.gpucheck ARGS`) in a fresh Python."
+    module = "kimi_mlp.gpucheck" if name == "gpucheck" else "kimi_mlp"
+    code = (_BLOCKED if blocked else "import sys\n") + (
+        "import runpy\n"
+        f"sys.argv = ['python -m {module}', *{args!r}]\n"
+        f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)\n")
+    return _fresh_python(code)
+
+
+@pytest.fixture(scope="module")
+def small_ckpt(tmp_path_factory):
+    from kimi_mlp import write_synthetic_checkpoint
+    return write_synthetic_checkpoint(tmp_path_factory.mktemp("cli") / "ckpt")
+
+
+def _one_error_line(run) -> str:
+    lines = run.stderr.strip().splitlines()
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith("error: "), run.stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_without_the_optional_packages_every_command_says_what_to_install(
+        name, small_ckpt, tmp_path):
+    """The base install (triton, transformers and matplotlib blocked): each command
+    runs, or says in one line which package and which extra it needs, exit status 4;
+    never a traceback."""
+    args = [a.format(tmp=tmp_path, ckpt=small_ckpt) for a in COMMANDS[name]]
+    run = run_command(name, args, blocked=True)
+    if name in ("synth", "info", "check"):
+        assert run.returncode == 0, run.stderr[-3000:]
+        assert "Traceback" not in run.stderr
+        return
+    line = _one_error_line(run)
+    assert run.returncode == 4, (run.returncode, line)
+    assert "needs triton, which is not installed" in line
+    assert "pip install 'kimi-mlp[kernels]'" in line
+
+
+@pytest.mark.parametrize("name", list(COMMANDS))
+def test_every_command_refuses_a_bad_argument_in_one_line(name, small_ckpt, tmp_path):
+    "A malformed command line: one line naming the option, exit status 2."
+    args = [a.format(tmp=tmp_path, ckpt=small_ckpt) for a in COMMANDS[name]]
+    run = run_command(name, args + ["--no-such-option"])
+    line = _one_error_line(run)
+    assert run.returncode == 2, (run.returncode, line)
+    assert "--no-such-option" in line
+
+
+def test_gpu_report_names_matplotlib_and_its_extra(tmp_path):
+    "With Triton but without matplotlib, gpu-report stops at its start and says so."
+    code = ("import sys\nsys.modules['matplotlib'] = None\nimport runpy\n"
+            f"sys.argv = ['python -m kimi_mlp', 'gpu-report', '--cpu-smoke', '--out', "
+            f"{str(tmp_path / 'r')!r}]\n"
+            "runpy.run_module('kimi_mlp', run_name='__main__', alter_sys=True)\n")
+    run = _fresh_python(code)
+    line = _one_error_line(run)
+    assert run.returncode == 4 and "needs matplotlib" in line \
+        and "pip install 'kimi-mlp[report]'" in line, line
+    assert not (tmp_path / "r").exists()                    # stopped before any work
