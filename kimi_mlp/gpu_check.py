@@ -417,13 +417,14 @@ def _check_m(block: nn.Module, fused, w16: dict, h: torch.Tensor, args,
 # %% ../book/appendix_c_measuring.ipynb #311be14a
 def gpucheck_main(argv=None) -> int:
     """`python -m kimi_mlp.gpucheck`: correctness at the real shapes and median times
-    on a CUDA device; returns 0 when every check passes, 1 when one fails, 2 when
-    refused."""
+    on a CUDA device; returns 0 when every check passes, 1 when one fails, 3
+    (EXIT_NO_GPU) when refused."""
+    from kimi_mlp.cli import EXIT_NO_GPU
     args = _gpucheck_parser().parse_args(argv)
     refused = _gpucheck_refusal(args.cpu_smoke, args.path)
     if refused:
         print(f"error: gpucheck: {refused}", file=sys.stderr)
-        return 2
+        return EXIT_NO_GPU
     cuda = torch.cuda.is_available()
     device, timed = ("cuda" if cuda else "cpu"), cuda and not args.cpu_smoke
     d, f = (320, 704) if args.cpu_smoke else (args.hidden_size, args.intermediate_size)

@@ -548,8 +548,9 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
 def run_bench(args: argparse.Namespace) -> int:
     """Run the benchmark for parsed `args`; write the JSON (after every M, so a run cut
     short keeps what it measured) and a log beside it. Returns 0, or 1 when an output
-    failed its check (it is then not timed), or 2 when refused (no GPU and no
-    --cpu-smoke)."""
+    failed its check (it is then not timed), or EXIT_NO_GPU (3) when refused (no GPU
+    and no --cpu-smoke, or one it cannot use)."""
+    from kimi_mlp.cli import EXIT_NO_GPU
     if not torch.cuda.is_available() and not args.cpu_smoke:
         print(
             "error: bench: no CUDA device. The benchmark times kernels on a GPU; "
@@ -558,12 +559,12 @@ def run_bench(args: argparse.Namespace) -> int:
             " times nothing).",
             file=sys.stderr,
         )
-        return 2
+        return EXIT_NO_GPU
     refused = None if args.cpu_smoke else gpu_refusal(torch.device("cuda"),
                                                        fp8=args.path == "w8a8")
     if refused:
         print(f"error: bench: {refused}", file=sys.stderr)
-        return 2
+        return EXIT_NO_GPU
     out = args.out
     if out is None:
         out = (

@@ -348,15 +348,15 @@ def _report_bench(report: _Report, args, commit: list) -> None:
 # %% ../book/appendix_c_measuring.ipynb #5c45efcd
 def gpu_report_main(argv=None) -> int:
     """`python -m kimi_mlp gpu-report --out DIR`: 0 when every step passed, 1 when one
-    failed, 2 when refused (no GPU and no --cpu-smoke), 130 when interrupted."""
+    failed, 3 when refused (no GPU and no --cpu-smoke), 130 when interrupted."""
     args = _gpu_report_parser().parse_args(argv)
-    from kimi_mlp.cli import needs
+    from kimi_mlp.cli import EXIT_NO_GPU, needs
     needs("triton"), needs("matplotlib")      # the kernels; the notebooks' figures
     if not torch.cuda.is_available() and not args.cpu_smoke:
         print("error: gpu-report: no CUDA device; --cpu-smoke runs the same steps "
               "through "
               "Triton's CPU interpreter at small shapes", file=sys.stderr)
-        return 2
+        return EXIT_NO_GPU
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     env = environment(args.git_commit)

@@ -185,9 +185,9 @@ def tune(budget_s: float = 300, rep_ms: int = 50, git_commit: str | None = None,
 def tune_main(argv=None) -> int:
     """`python -m kimi_mlp tune [--out FILE]`: the sweep, written where --out says
     (default `./<device>.json`) after every bucket, of the FP8 kernels or, on a GPU
-    without e4m3, the W8A16 ones. 0 when written, 2 when refused (no GPU, or one below
+    without e4m3, the W8A16 ones. 0 when written, EXIT_NO_GPU (3) when refused (no GPU, or one below
     compute capability 7.5)."""
-    from kimi_mlp.cli import _Parser
+    from kimi_mlp.cli import EXIT_NO_GPU, _Parser
     p = _Parser(                 # one-line usage errors
         prog="python -m kimi_mlp tune",
         description="Time candidate tile configurations of the fused block's GEMMs on "
@@ -204,11 +204,11 @@ def tune_main(argv=None) -> int:
         print("error: tune: no CUDA device with compiled kernels. The sweep times tile "
               "configurations on a GPU; without one the tables of chapter 7 apply.",
               file=sys.stderr)
-        return 2
+        return EXIT_NO_GPU
     refused = gpu_refusal(torch.device("cuda"), fp8=False)
     if refused:
         print(f"error: tune: {refused}", file=sys.stderr)
-        return 2
+        return EXIT_NO_GPU
     out = args.out or Path(tiles_file_name(torch.cuda.get_device_name()))
 
     def save(table):

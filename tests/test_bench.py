@@ -216,7 +216,7 @@ def test_budget_stops_the_sweep_and_says_so():
 def test_cli_refuses_without_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    assert harness.main([]) == 2
+    assert harness.main([]) == 3
     assert "no CUDA device" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         harness.main(["--providers", "cublas"])
@@ -229,7 +229,7 @@ def test_cli_dispatch_from_the_package_command_line(tmp_path):
     from kimi_mlp.cli import main
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    assert main(["bench"]) == 2
+    assert main(["bench"]) == 3
 
 
 def test_pad_rows_for_cublas_scales():

@@ -474,3 +474,15 @@ def test_gpu_report_names_matplotlib_and_its_extra(tmp_path):
     assert run.returncode == 4 and "needs matplotlib" in line \
         and "pip install 'kimi-mlp[report]'" in line, line
     assert not (tmp_path / "r").exists()                    # stopped before any work
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("name, args", [("bench", ["bench"]), ("tune", ["tune"]),
+                                        ("gpu-report", ["gpu-report", "--out", "{tmp}"]),
+                                        ("gpucheck", [])])
+def test_a_command_that_needs_a_gpu_exits_with_3(name, args, tmp_path):
+    "No CUDA device and no --cpu-smoke: one line, exit status 3 (2 means a usage error)."
+    run = run_command(name, [a.format(tmp=tmp_path / "out") for a in args])
+    line = _one_error_line(run)
+    assert run.returncode == 3, (run.returncode, line)
+    assert "CUDA" in line

@@ -249,7 +249,7 @@ def test_error_measures():
 def test_gpucheck_refuses_without_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    assert gpucheck_main([]) == 2
+    assert gpucheck_main([]) == 3
     assert "no CUDA device" in capsys.readouterr().err
 
 

@@ -96,7 +96,7 @@ def test_gpucheck_refuses_the_gluon_path_without_a_hopper_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     for argv in (["--path", "gluon"], ["--path", "gluon", "--cpu-smoke"]):
-        assert gpucheck_main(argv) == 2
+        assert gpucheck_main(argv) == 3
         err = capsys.readouterr().err
         assert "--path gluon: appendix F's Gluon kernels need a Hopper GPU" in err
         assert "no --cpu-smoke" in err

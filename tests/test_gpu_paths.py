@@ -135,7 +135,7 @@ def test_a_gpu_without_e4m3_gets_the_w8a16_path_and_clear_refusals(fake_gpu, mon
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     for main, name, argv in ((gpu_check.gpucheck_main, "gpucheck", ["--path", "w8a8"]),
                              (harness.main, "bench", ["--path", "w8a8"])):
-        assert main(argv) == 2
+        assert main(argv) == 3
         err = capsys.readouterr().err
         assert err.startswith(f"error: {name}: NVIDIA A100") and err.count("\n") == 1, err
         assert "compute capability 8.0 and no e4m3 type" in err

@@ -178,5 +178,5 @@ def test_chapters_7_and_8_run_as_a_gpu_without_e4m3_runs_them(tmp_path):
 def test_gpu_report_refuses_without_a_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    assert report.gpu_report_main(["--out", "/nonexistent/never-written"]) == 2
+    assert report.gpu_report_main(["--out", "/nonexistent/never-written"]) == 3
     assert "no CUDA device" in capsys.readouterr().err

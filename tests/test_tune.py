@@ -86,7 +86,7 @@ def test_a_bad_table_is_refused_naming_the_field(tmp_path, edit, match):
 def test_tune_refuses_without_a_gpu(capsys):
     if torch.cuda.is_available() and not kernels.INTERPRETED:
         pytest.skip("a GPU is here")
-    assert tune.tune_main([]) == 2
+    assert tune.tune_main([]) == 3
     assert "tune: no CUDA device" in capsys.readouterr().err
 
 
