@@ -24,7 +24,7 @@ from .safetensors_io import CheckpointError, checkpoint_root, checkpoint_tensors
 # %% auto #0
 __all__ = ['COMMANDS', 'EXTERNAL_COMMANDS', 'EXIT_OK', 'EXIT_FAILED', 'EXIT_USAGE', 'EXIT_NO_GPU', 'EXIT_MISSING',
            'EXIT_INTERRUPTED', 'EXTRAS', 'WIDTH', 'register_command', 'int_in', 'missing_package', 'needs', 'out_dir',
-           'run_external', 'Progress', 'build_parser', 'main']
+           'out_file', 'run_external', 'Progress', 'build_parser', 'main']
 
 # %% ../book/appendix_b_cli.ipynb #6d35a103
 COMMANDS: dict[str, tuple[str, object, object]] = {}  # name -> (help, add_args, run)
@@ -103,6 +103,14 @@ def out_dir(text: str) -> Path:
     if Path(text).exists() and not Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"expected a directory, got {text!r}, "
                                          "which is a file")
+    return Path(text)
+
+
+def out_file(text: str) -> Path:
+    "An argparse type: a file to write, new or existing, not a directory."
+    if Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"expected a file, got {text!r}, which is "
+                                         "a directory")
     return Path(text)
 
 # %% ../book/appendix_b_cli.ipynb #a1b2c3d2

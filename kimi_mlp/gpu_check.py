@@ -261,12 +261,12 @@ def _parse_m(text: str) -> tuple[int, ...]:
 
 
 def _gpucheck_parser() -> argparse.ArgumentParser:
-    from kimi_mlp.cli import _Parser
+    from kimi_mlp.cli import _Parser, out_dir
     p = _Parser(                 # one-line usage errors
         prog="python -m kimi_mlp.gpucheck",
         description="Check the fused FP8 FFN block on a GPU at Kimi K2's real shapes "
                     "and time it against torch bf16 on dequantized weights.")
-    p.add_argument("--out", type=Path, default=None,
+    p.add_argument("--out", type=out_dir, default=None,
                    help="directory for gpucheck.json and gpucheck.log")
     p.add_argument("--m", type=_parse_m, default=None, help="token counts, comma-"
                    f"separated (default {','.join(map(str, GPUCHECK_M))})")

@@ -482,9 +482,10 @@ def _name_list(text: str) -> tuple[str, ...]:
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     "The options of `python -m kimi_mlp bench`."
+    from kimi_mlp.cli import out_dir
     p.add_argument(
         "--out",
-        type=Path,
+        type=out_dir,
         default=None,
         help=(
             "directory for the JSON and a log (default book/data on a GPU, "

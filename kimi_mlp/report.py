@@ -232,13 +232,13 @@ def _names(choices):
 
 
 def _gpu_report_parser() -> argparse.ArgumentParser:
-    from kimi_mlp.cli import _Parser
+    from kimi_mlp.cli import _Parser, out_dir
     p = _Parser(                 # one-line usage errors
         prog="python -m kimi_mlp gpu-report",
         description="Everything that needs a GPU: the GPU check at the real shapes, "
                     "chapters 7-9 executed on the GPU, the benchmark sweep; every step "
                     "writes its results under --out as soon as it has them.")
-    p.add_argument("--out", type=Path, required=True,
+    p.add_argument("--out", type=out_dir, required=True,
                    help="directory for everything written (a later run adds to it)")
     p.add_argument("--git-commit", default=None,
                    help="record this commit (a tree without .git)")

@@ -486,3 +486,19 @@ def test_a_command_that_needs_a_gpu_exits_with_3(name, args, tmp_path):
     line = _one_error_line(run)
     assert run.returncode == 3, (run.returncode, line)
     assert "CUDA" in line
+
+
+@pytest.mark.parametrize("name, args", [
+    ("bench", ["bench", "--cpu-smoke", "--out", "{file}"]),
+    ("gpu-report", ["gpu-report", "--cpu-smoke", "--out", "{file}"]),
+    ("gpucheck", ["--cpu-smoke", "--out", "{file}"]),
+    ("tune", ["tune", "--out", "{dir}"])])
+def test_out_naming_the_wrong_kind_of_path_is_a_usage_error(name, args, tmp_path):
+    """--out naming an existing file where a directory is written (a directory where
+    tune writes a file): one line, exit status 2, before any work."""
+    target = tmp_path / "results"
+    target.write_text("keep me") if name != "tune" else target.mkdir()
+    run = run_command(name, [a.format(file=target, dir=target) for a in args])
+    line = _one_error_line(run)
+    assert run.returncode == 2 and "argument --out: expected a" in line, line
+    assert target.is_dir() if name == "tune" else target.read_text() == "keep me"
