@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import importlib
 import importlib.util
+import math
 import sys
 import time
 from pathlib import Path
@@ -23,8 +24,8 @@ from .safetensors_io import CheckpointError, checkpoint_root, checkpoint_tensors
 
 # %% auto #0
 __all__ = ['COMMANDS', 'EXTERNAL_COMMANDS', 'EXIT_OK', 'EXIT_FAILED', 'EXIT_USAGE', 'EXIT_NO_GPU', 'EXIT_MISSING',
-           'EXIT_INTERRUPTED', 'EXTRAS', 'WIDTH', 'register_command', 'int_in', 'missing_package', 'needs', 'out_dir',
-           'out_file', 'run_external', 'Progress', 'build_parser', 'main']
+           'EXIT_INTERRUPTED', 'EXTRAS', 'WIDTH', 'register_command', 'int_in', 'seconds', 'missing_package', 'needs',
+           'out_dir', 'out_file', 'run_external', 'Progress', 'build_parser', 'main']
 
 # %% ../book/appendix_b_cli.ipynb #6d35a103
 COMMANDS: dict[str, tuple[str, object, object]] = {}  # name -> (help, add_args, run)
@@ -85,6 +86,17 @@ EXIT_INTERRUPTED = 130
 EXTRAS = {"triton": "kernels", "matplotlib": "report"}
 #: A hidden or intermediate width: at least one 128-wide block, at most MAX_WIDTH.
 WIDTH = int_in(128, MAX_WIDTH)
+
+
+def seconds(text: str) -> float:
+    "An argparse type: a time budget, a number of seconds in (0, 10^6]."
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 1e6:                        # NaN fails too
+        raise argparse.ArgumentTypeError(f"expected seconds in (0, 1e6], got {text!r}")
+    return value
 
 
 def missing_package(e: ImportError) -> str | None:
@@ -227,9 +239,9 @@ def _synth_arguments(p):
     )
     p.add_argument(
         "--intermediate-size",
-        type=int_in(1, MAX_WIDTH),
+        type=WIDTH,
         default=None,
-        help="the MLP width of a small checkpoint (default 640)",
+        help="the MLP width of a small checkpoint (default 640; from 128)",
     )
     p.add_argument("--seed", type=_SEED, default=0)
     p.add_argument(

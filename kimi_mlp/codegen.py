@@ -749,7 +749,7 @@ def _workloads(text: str) -> tuple[str, ...]:
 def main(argv=None) -> int:
     """`python -m kimi_mlp inspect [--arch sm_89] [--m 1,16,4096] [--json FILE]`; the
     exit status."""
-    from kimi_mlp.cli import _Parser
+    from kimi_mlp.cli import WIDTH, _Parser, int_in
     p = _Parser(                 # one-line usage errors
         prog="python -m kimi_mlp inspect",
         description="Compile the fused FFN block's Triton kernels for a GPU family "
@@ -766,11 +766,14 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path, default=None, help="write the full report here")
     p.add_argument("--excerpts", action="store_true",
                    help="print the PTX around each variant's first matrix instruction")
-    p.add_argument("--sms", type=int, default=None,
+    p.add_argument("--sms", type=int_in(1, 4096), default=None,
                    help=f"SM count split-K plans for (default: the target's in "
                         f"TARGETS, {H200_SMS} for sm_90a, an H200)")
-    p.add_argument("--hidden-size", type=int, default=7168)
-    p.add_argument("--intermediate-size", type=int, default=18432)
+    p.add_argument("--hidden-size", type=WIDTH, default=7168,
+                   help="from 128 (default 7168); any width, a partial last block "
+                        "is masked")
+    p.add_argument("--intermediate-size", type=WIDTH, default=18432,
+                   help="from 128 (default 18432)")
     a = p.parse_args(argv)
     from kimi_mlp.cli import needs
     needs("triton")                      # here: the compiling process imports it too

@@ -261,7 +261,7 @@ def _parse_m(text: str) -> tuple[int, ...]:
 
 
 def _gpucheck_parser() -> argparse.ArgumentParser:
-    from kimi_mlp.cli import _Parser, out_dir
+    from kimi_mlp.cli import WIDTH, _Parser, int_in, out_dir
     p = _Parser(                 # one-line usage errors
         prog="python -m kimi_mlp.gpucheck",
         description="Check the fused FP8 FFN block on a GPU at Kimi K2's real shapes "
@@ -270,17 +270,20 @@ def _gpucheck_parser() -> argparse.ArgumentParser:
                    help="directory for gpucheck.json and gpucheck.log")
     p.add_argument("--m", type=_parse_m, default=None, help="token counts, comma-"
                    f"separated (default {','.join(map(str, GPUCHECK_M))})")
-    p.add_argument("--hidden-size", type=int, default=7168)
-    p.add_argument("--intermediate-size", type=int, default=18432)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rep-ms", type=int, default=100,
+    p.add_argument("--hidden-size", type=WIDTH, default=None,
+                   help="default 7168, or 320 with --cpu-smoke (from 128; any width: "
+                        "the kernels mask a partial last block)")
+    p.add_argument("--intermediate-size", type=WIDTH, default=None,
+                   help="default 18432, or 704 with --cpu-smoke (from 128)")
+    p.add_argument("--seed", type=int_in(0, 2**31 - 1), default=0)
+    p.add_argument("--rep-ms", type=int_in(1, 60_000), default=100,
                    help="do_bench repetition time per measurement")
-    p.add_argument("--graph-max-m", type=int, default=GRAPH_MAX_M,
+    p.add_argument("--graph-max-m", type=int_in(0, 2**17), default=GRAPH_MAX_M,
                    help="time M up to this with a CUDA graph")
     p.add_argument("--git-commit", default=None,
                    help="record this commit (for a tree copied without .git)")
-    p.add_argument("--cpu-smoke", action="store_true", help="tiny shapes (hidden 320, "
-                   "intermediate 704), no timings: tests the script itself")
+    p.add_argument("--cpu-smoke", action="store_true", help="small shapes (hidden "
+                   "320, intermediate 704, unless given), no timings: tests the script")
     p.add_argument("--path", choices=("auto", "w8a8", "w8a16", "gluon"),
                    default="auto",
                    help="the fused module's launches: auto (the GPU family's), the FP8 "
@@ -427,7 +430,8 @@ def gpucheck_main(argv=None) -> int:
         return EXIT_NO_GPU
     cuda = torch.cuda.is_available()
     device, timed = ("cuda" if cuda else "cpu"), cuda and not args.cpu_smoke
-    d, f = (320, 704) if args.cpu_smoke else (args.hidden_size, args.intermediate_size)
+    d, f = ((320, 704) if args.cpu_smoke else (7168, 18432))   # unless given:
+    d, f = args.hidden_size or d, args.intermediate_size or f
     ms = args.m or (GPUCHECK_SMOKE_M if args.cpu_smoke else GPUCHECK_M)
     t0, env = time.perf_counter(), environment(args.git_commit)
     torch.backends.cuda.matmul.allow_tf32 = False    # float32 references stay float32

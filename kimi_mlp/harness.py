@@ -482,7 +482,7 @@ def _name_list(text: str) -> tuple[str, ...]:
 
 def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     "The options of `python -m kimi_mlp bench`."
-    from kimi_mlp.cli import out_dir
+    from kimi_mlp.cli import int_in, out_dir, seconds
     p.add_argument(
         "--out",
         type=out_dir,
@@ -503,18 +503,18 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--rep-ms",
-        type=int,
+        type=int_in(1, 60_000),
         default=100,
         help="do_bench repetition time per measurement (ms)",
     )
-    p.add_argument("--warmup-ms", type=int, default=25)
+    p.add_argument("--warmup-ms", type=int_in(0, 60_000), default=25)
     p.add_argument(
         "--graph-max-m",
-        type=int,
+        type=int_in(0, 2**17),
         default=GRAPH_MAX_M,
         help="largest M timed through a CUDA graph",
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int_in(0, 2**31 - 1), default=0)
     p.add_argument(
         "--no-ceilings",
         action="store_true",
@@ -527,7 +527,7 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--budget-s",
-        type=float,
+        type=seconds,
         default=300.0,
         help=(
             "start no new M after this many seconds (default 300); "

@@ -232,7 +232,7 @@ def _names(choices):
 
 
 def _gpu_report_parser() -> argparse.ArgumentParser:
-    from kimi_mlp.cli import _Parser, out_dir
+    from kimi_mlp.cli import _Parser, out_dir, seconds
     p = _Parser(                 # one-line usage errors
         prog="python -m kimi_mlp gpu-report",
         description="Everything that needs a GPU: the GPU check at the real shapes, "
@@ -244,7 +244,7 @@ def _gpu_report_parser() -> argparse.ArgumentParser:
                    help="record this commit (a tree without .git)")
     p.add_argument("--steps", type=_names(REPORT_STEPS), default=REPORT_STEPS,
                    help=f"comma-separated, from {','.join(REPORT_STEPS)} (default all)")
-    p.add_argument("--budget-s", type=float, default=420,
+    p.add_argument("--budget-s", type=seconds, default=420,
                    help="seconds for this run: a notebook may use what is left, the "
                         "sweep starts no M after it (default 420)")
     p.add_argument("--m", type=_parse_m, default=None,

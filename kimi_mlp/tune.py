@@ -187,17 +187,18 @@ def tune_main(argv=None) -> int:
     (default `./<device>.json`) after every bucket, of the FP8 kernels or, on a GPU
     without e4m3, the W8A16 ones. 0 when written, EXIT_NO_GPU (3) when refused (no GPU, or one below
     compute capability 7.5)."""
-    from kimi_mlp.cli import EXIT_NO_GPU, _Parser, out_file
+    from kimi_mlp.cli import EXIT_NO_GPU, _Parser, int_in, out_file, seconds
     p = _Parser(                 # one-line usage errors
         prog="python -m kimi_mlp tune",
         description="Time candidate tile configurations of the fused block's GEMMs on "
                     "this GPU and write its tile table.")
     p.add_argument("--out", type=out_file, default=None,
                    help="the JSON file to write (default ./<device>.json)")
-    p.add_argument("--budget-s", type=float, default=300,
+    p.add_argument("--budget-s", type=seconds, default=300,
                    help="seconds for the sweep (default 300); later buckets keep the "
                         "defaults")
-    p.add_argument("--rep-ms", type=int, default=50, help="do_bench time per candidate")
+    p.add_argument("--rep-ms", type=int_in(1, 60_000), default=50,
+                   help="do_bench time per candidate")
     p.add_argument("--git-commit", default=None, help="record this commit")
     args = p.parse_args(argv)
     if not torch.cuda.is_available() or kernels.INTERPRETED:

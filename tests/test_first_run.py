@@ -502,3 +502,34 @@ def test_out_naming_the_wrong_kind_of_path_is_a_usage_error(name, args, tmp_path
     line = _one_error_line(run)
     assert run.returncode == 2 and "argument --out: expected a" in line, line
     assert target.is_dir() if name == "tune" else target.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("name, args, option", [
+    ("gpucheck", ["--cpu-smoke", "--hidden-size", "0"], "--hidden-size"),
+    ("gpucheck", ["--cpu-smoke", "--intermediate-size", "100"], "--intermediate-size"),
+    ("inspect", ["inspect", "--hidden-size", "-128"], "--hidden-size"),
+    ("inspect", ["inspect", "--sms", "0"], "--sms"),
+    ("synth", ["synth", "{tmp}/x", "--intermediate-size", "64"], "--intermediate-size"),
+    ("bench", ["bench", "--cpu-smoke", "--budget-s", "nan"], "--budget-s"),
+    ("bench", ["bench", "--cpu-smoke", "--rep-ms", "-1"], "--rep-ms"),
+    ("gpu-report", ["gpu-report", "--out", "{tmp}/r", "--budget-s", "-1"],
+     "--budget-s")])
+def test_sizes_and_numbers_are_validated_always(name, args, option, tmp_path):
+    "A width below 128, a count below 1, a NaN budget: a usage error with --cpu-smoke too."
+    run = run_command(name, [a.format(tmp=tmp_path) for a in args])
+    line = _one_error_line(run)
+    assert run.returncode == 2 and f"argument {option}: expected" in line, line
+
+
+def test_gpucheck_cpu_smoke_honours_the_sizes_it_is_given(tmp_path):
+    "--cpu-smoke with --hidden-size and --intermediate-size checks those widths."
+    import contextlib
+    import io
+    import json
+
+    from kimi_mlp.gpu_check import gpucheck_main
+    with contextlib.redirect_stdout(io.StringIO()):
+        rc = gpucheck_main(["--cpu-smoke", "--hidden-size", "256", "--intermediate-size",
+                            "384", "--m", "3", "--out", str(tmp_path)])
+    record = json.loads((tmp_path / "gpucheck.json").read_text())
+    assert rc == 0 and record["shapes"] == {"hidden_size": 256, "intermediate_size": 384}
