@@ -402,12 +402,16 @@ def _providers_into(record: dict, block, providers, w16: dict, log,
 
 
 def _bench_done(record: dict, t0: float, log) -> dict:
-    "Close the record: complete or not, the time it took, and a one-line summary."
+    """Close the record: complete or not, the time it took, and a one-line summary;
+    its count of skipped cells includes those of providers not available here."""
     record["complete"] = not record["not_run_m"]
     record["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    away = [n for n, p in record["providers"].items() if not p["available"]]
+    cells = len(record["skipped"]) + len(away) * len(record["kernel_choices"])
     log(f"done in {record['elapsed_s']:.0f} s; "
         f"{sum(r['ok'] for r in record['results'])} of {len(record['results'])} "
-        f"outputs passed their checks; {len(record['skipped'])} skipped")
+        f"outputs passed their checks; {cells} skipped"
+        + (f" ({', '.join(away)}: not available here)" if away else ""))
     return record
 
 # %% ../book/appendix_e_harness.ipynb #4a631205

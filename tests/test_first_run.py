@@ -533,3 +533,16 @@ def test_gpucheck_cpu_smoke_honours_the_sizes_it_is_given(tmp_path):
                             "384", "--m", "3", "--out", str(tmp_path)])
     record = json.loads((tmp_path / "gpucheck.json").read_text())
     assert rc == 0 and record["shapes"] == {"hidden_size": 256, "intermediate_size": 384}
+
+
+def test_bench_counts_what_it_skipped(tmp_path):
+    """bench --cpu-smoke: the summary's count of skipped cells is the number of
+    'skipped' cells in its own table (scaled_mm needs CUDA); it said 0."""
+    run = run_command("bench", ["bench", "--cpu-smoke", "--m", "1,3",
+                                "--out", str(tmp_path)])
+    assert run.returncode == 0, run.stderr[-3000:]
+    table = [line.split() for line in run.stdout.splitlines()
+             if line.split()[:1] in (["1"], ["3"])]
+    cells = sum(row.count("skipped") for row in table)
+    summary = next(line for line in run.stdout.splitlines() if line.startswith("done"))
+    assert cells == 2 and f"; {cells} skipped (scaled_mm: not available here)" in summary
