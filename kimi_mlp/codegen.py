@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from .bench import BENCH_M       # the benchmark's token counts (chapter 9)
@@ -150,7 +151,8 @@ WORKLOADS = {"block": (_block_workload, INSPECT_M),
 # %% ../book/appendix_d_codegen.ipynb #34cc7cf4
 def compile_launches(ms=INSPECT_M, hidden_size: int = 7168,
                      intermediate_size: int = 18432, sms: int = H200_SMS,
-                     arch: int = 90, workloads=("block",)) -> list[dict]:
+                     arch: int = 90, workloads=("block",),
+                     progress=None) -> list[dict]:
     """Run each of `workloads` (WORKLOADS' names) at each M of `ms` (None: the
     workload's own) with every Triton launch turned into a compile for
     `target_name(arch)` (`warmup=True`: nothing runs), on stand-in CPU tensors. Needs
@@ -159,7 +161,8 @@ def compile_launches(ms=INSPECT_M, hidden_size: int = 7168,
 
     Returns one dict per variant (kernel, constexprs, integer specialization, warps,
     stages): `shared` bytes, ptxas `registers`, `stack`, `spill_stores`, `spill_loads`,
-    `matrix`, `smem_buffers`, `excerpt`, `launches` ({workload, m, index, grid})."""
+    `matrix`, `smem_buffers`, `excerpt`, `launches` ({workload, m, index, grid}).
+    `progress(text)`: called after each workload and M."""
     import torch
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
@@ -202,6 +205,9 @@ def compile_launches(ms=INSPECT_M, hidden_size: int = 7168,
                 for i, (fn, args, kwargs, grid, kernel) in enumerate(launches):
                     _record(variants, fn, args, kwargs, grid, kernel, (name, m, i),
                             arch)
+                if progress is not None:
+                    progress(f"{name} at M = {m}: {len(launches)} launches, "
+                             f"{len(variants)} variants so far")
     finally:
         JITFunction.run = real_run
         kernels._COMPILE_ONLY_SMS, kernels._COMPILE_ONLY_ARCH = saved
@@ -401,7 +407,8 @@ def _worker(argv=None) -> int:
     d, f, sms, arch = (int(v) for v in (a.hidden_size, a.intermediate_size, a.sms,
                                         a.arch))
     workloads = a.workloads.split(",")
-    variants = compile_launches(ms, d, f, sms, arch, workloads)
+    say = lambda text: print("progress:", text, file=sys.stderr, flush=True)  # noqa
+    variants = compile_launches(ms, d, f, sms, arch, workloads, progress=say)
     ms = sorted({x["m"] for v in variants for x in v["launches"]})
     _, ptxas_version, flags = ptxas_path_and_flags(arch)
     target = GPUTarget(HOPPER[0], arch, HOPPER[2])
@@ -424,7 +431,7 @@ def _check_positive(name, v):
 def inspect_kernels(ms=INSPECT_M, hidden_size: int = 7168,
                     intermediate_size: int = 18432, sms: int = H200_SMS,
                     timeout: float = 1800, arch: int = 90,
-                    workloads=("block",)) -> dict:
+                    workloads=("block",), progress=None) -> dict:
     """Compile every kernel variant `fused_ffn_block` launches at each M of `ms` for
     `target_name(arch)` (a family of SHARED_MEM_LIMITS: 90 is sm_90a, 89 sm_89), in a
     fresh Python process with TRITON_INTERPRET=0, and return the report: `triton`,
@@ -433,7 +440,8 @@ def inspect_kernels(ms=INSPECT_M, hidden_size: int = 7168,
     None for the W8A16 families, which have no e4m3 type), the shapes, `ms`, and
     `variants` as `compile_launches` returns them. Reads nothing from a GPU and needs
     none; `sms` is the SM count split-K plans for (132: H100 SXM, H200); `workloads`:
-    names in WORKLOADS, each at its own token counts when `ms` is None."""
+    names in WORKLOADS, each at its own token counts when `ms` is None;
+    `progress(text)`: called after each workload and M (the command line's bar)."""
     ms = tuple(ms) if isinstance(ms, (tuple, list)) else ms
     if ms is not None and (not isinstance(ms, tuple) or not ms):
         raise ValueError(f"ms: expected a non-empty list of positive ints such as "
@@ -454,16 +462,18 @@ def inspect_kernels(ms=INSPECT_M, hidden_size: int = 7168,
                                      "--workloads", ",".join(workloads),
                                      "--hidden-size", str(hidden_size),
                                      "--intermediate-size", str(intermediate_size),
-                                     "--sms", str(sms), "--arch", str(arch)], timeout)
+                                     "--sms", str(sms), "--arch", str(arch)], timeout,
+        progress=progress)
 
 
 # %% ../book/appendix_d_codegen.ipynb #9bd93745
 def compile_in_child(worker: str, args: list, timeout: float,
-                     first_on_path: str | None = None) -> dict:
+                     first_on_path: str | None = None, progress=None) -> dict:
     """Run `worker` ("module:function", which parses `args` and `--out FILE` and writes
     its report there as JSON) in a fresh Python process with TRITON_INTERPRET=0, this
     copy of kimi_mlp on its path (after `first_on_path`: another Triton release, say),
-    and return the report; a failing child is a RuntimeError with its stderr's tail."""
+    and return the report; a failing child is a RuntimeError with its stderr's tail.
+    The child's stderr lines that start with "progress: " go to `progress(text)`."""
     import kimi_mlp                                         # this copy, not another one
     module, fn = worker.split(":")
     root = str(Path(kimi_mlp.__file__).resolve().parent.parent)
@@ -473,12 +483,36 @@ def compile_in_child(worker: str, args: list, timeout: float,
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "report.json"
         child = f"import sys; from {module} import {fn}; sys.exit({fn}())"
-        res = subprocess.run([sys.executable, "-c", child, *args, "--out", str(out)],
-                             env=env, capture_output=True, text=True, timeout=timeout)
-        if res.returncode != 0 or not out.exists():
+        rc, err = _stream_child([sys.executable, "-c", child, *args, "--out", str(out)],
+                                env, timeout, progress)
+        if rc != 0 or not out.exists():
             raise RuntimeError(f"{worker}: the compiling process failed with exit "
-                               f"status {res.returncode}:\n{res.stderr[-4000:]}")
+                               f"status {rc}:\n{err[-4000:]}")
         return json.loads(out.read_text())
+
+
+def _stream_child(cmd: list, env: dict, timeout: float, progress) -> tuple:
+    """Run `cmd`, passing its "progress: " lines to `progress` as they come; returns
+    (exit status, the rest of its stderr). Killed after `timeout` seconds."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    killed: list = []
+    timer = threading.Timer(timeout, lambda: killed.append(proc.kill()))
+    timer.start()
+    rest = []
+    try:
+        for line in proc.stderr:
+            if line.startswith("progress: "):
+                if progress is not None:
+                    progress(line[len("progress: "):].rstrip("\n"))
+            else:
+                rest.append(line)
+        rc = proc.wait()
+    finally:
+        timer.cancel()
+    if killed:
+        rest.append(f"(stopped after {timeout:.0f} s)\n")
+    return rc, "".join(rest)
 
 # %% ../book/appendix_d_codegen.ipynb #8fbdaa28
 def short_name(kernel: str) -> str:
@@ -749,7 +783,7 @@ def _workloads(text: str) -> tuple[str, ...]:
 def main(argv=None) -> int:
     """`python -m kimi_mlp inspect [--arch sm_89] [--m 1,16,4096] [--json FILE]`; the
     exit status."""
-    from kimi_mlp.cli import WIDTH, _Parser, int_in
+    from kimi_mlp.cli import WIDTH, Progress, _line, _Parser, int_in
     p = _Parser(                 # one-line usage errors
         prog="python -m kimi_mlp inspect",
         description="Compile the fused FFN block's Triton kernels for a GPU family "
@@ -778,11 +812,14 @@ def main(argv=None) -> int:
     from kimi_mlp.cli import needs
     needs("triton")                      # here: the compiling process imports it too
     arch, sms = TARGETS[a.arch]
+    steps = sum(len(a.m or WORKLOADS[name][1]) for name in a.workload)
     try:
-        report = inspect_kernels(a.m, a.hidden_size, a.intermediate_size,
-                                 a.sms or sms, arch=arch, workloads=a.workload)
+        with Progress("inspect", steps) as step:
+            report = inspect_kernels(a.m, a.hidden_size, a.intermediate_size,
+                                     a.sms or sms, arch=arch, workloads=a.workload,
+                                     progress=step)
     except (RuntimeError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_line(e)}", file=sys.stderr)
         return 1
     print(format_table(report))
     if a.excerpts:

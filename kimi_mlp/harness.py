@@ -550,12 +550,21 @@ def add_bench_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 # %% ../book/appendix_e_harness.ipynb #b924b094
+def _run(args: argparse.Namespace, log, on_update) -> dict:
+    "`bench` with the command line's options."
+    return bench(args.m, args.providers, cpu_smoke=args.cpu_smoke, rep_ms=args.rep_ms,
+                 warmup_ms=args.warmup_ms, graph_max_m=args.graph_max_m,
+                 seed=args.seed, ceilings=not args.no_ceilings,
+                 git_commit=args.git_commit, budget_s=args.budget_s, log=log,
+                 on_update=on_update, path=args.path)
+
+
 def run_bench(args: argparse.Namespace) -> int:
     """Run the benchmark for parsed `args`; write the JSON (after every M, so a run cut
     short keeps what it measured) and a log beside it. Returns 0, or 1 when an output
     failed its check (it is then not timed), or EXIT_NO_GPU (3) when refused (no GPU
     and no --cpu-smoke, or one it cannot use)."""
-    from kimi_mlp.cli import EXIT_NO_GPU
+    from kimi_mlp.cli import EXIT_NO_GPU, Progress
     if not torch.cuda.is_available() and not args.cpu_smoke:
         print(
             "error: bench: no CUDA device. The benchmark times kernels on a GPU; "
@@ -587,21 +596,10 @@ def run_bench(args: argparse.Namespace) -> int:
         where["path"] = write_record(record, out)
         where["path"].with_suffix(".log").write_text("\n".join(lines) + "\n")
 
-    record = bench(
-        args.m,
-        args.providers,
-        cpu_smoke=args.cpu_smoke,
-        rep_ms=args.rep_ms,
-        warmup_ms=args.warmup_ms,
-        graph_max_m=args.graph_max_m,
-        seed=args.seed,
-        ceilings=not args.no_ceilings,
-        git_commit=args.git_commit,
-        budget_s=args.budget_s,
-        log=log,
-        on_update=save,
-        path=args.path,
-    )
+    ms = args.m or (SMOKE_M if args.cpu_smoke else BENCH_M)
+    with Progress("bench", len(ms), lines=False) as step:    # a bar on a terminal
+        record = _run(args, log, lambda r: (save(r), step(f"{len(r['results'])} "
+                                                          "outputs checked")))
     for s in record["skipped"]:
         log(f"skipped: {s['provider']} at M = {s['m']}: {s['reason']}")
     if record["kind"] == "measurement" and record["settings"]["path"] == "w8a8":

@@ -350,7 +350,7 @@ def gpu_report_main(argv=None) -> int:
     """`python -m kimi_mlp gpu-report --out DIR`: 0 when every step passed, 1 when one
     failed, 3 when refused (no GPU and no --cpu-smoke), 130 when interrupted."""
     args = _gpu_report_parser().parse_args(argv)
-    from kimi_mlp.cli import EXIT_NO_GPU, needs
+    from kimi_mlp.cli import EXIT_NO_GPU, Progress, needs
     needs("triton"), needs("matplotlib")      # the kernels; the notebooks' figures
     if not torch.cuda.is_available() and not args.cpu_smoke:
         print("error: gpu-report: no CUDA device; --cpu-smoke runs the same steps "
@@ -365,14 +365,15 @@ def gpu_report_main(argv=None) -> int:
                f"{env['torch']}, triton {env['triton']}, commit {env['git_commit']}, "
                f"steps {','.join(args.steps)}")
     commit = ["--git-commit", env["git_commit"]] if env["git_commit"] else []
+    steps = [(_report_gpucheck, (commit,))] * ("gpucheck" in args.steps) + [
+        (_report_notebook, (name,)) for name in args.notebooks
+        if "notebooks" in args.steps] + [(_report_bench, (commit,))] * (
+        "bench" in args.steps)
     try:
-        if "gpucheck" in args.steps:
-            _report_gpucheck(report, args, commit)
-        if "notebooks" in args.steps:
-            for name in args.notebooks:
-                _report_notebook(report, args, name)
-        if "bench" in args.steps:
-            _report_bench(report, args, commit)
+        with Progress("gpu-report", len(steps), lines=False) as progress:
+            for run, extra in steps:                   # a bar on a terminal
+                run(report, args, *extra)
+                progress(run.__name__.removeprefix("_report_"))
     except KeyboardInterrupt:         # a time limit's SIGINT: say so, keep the rest
         report.add({"step": "interrupted", "ok": False,
                     "reason": "stopped (SIGINT) in the step after the last one "

@@ -187,7 +187,8 @@ def tune_main(argv=None) -> int:
     (default `./<device>.json`) after every bucket, of the FP8 kernels or, on a GPU
     without e4m3, the W8A16 ones. 0 when written, EXIT_NO_GPU (3) when refused (no GPU, or one below
     compute capability 7.5)."""
-    from kimi_mlp.cli import EXIT_NO_GPU, _Parser, int_in, out_file, seconds
+    from kimi_mlp.cli import (EXIT_NO_GPU, Progress, _Parser, int_in, out_file,
+                              seconds)
     p = _Parser(                 # one-line usage errors
         prog="python -m kimi_mlp tune",
         description="Time candidate tile configurations of the fused block's GEMMs on "
@@ -216,7 +217,12 @@ def tune_main(argv=None) -> int:
         out.write_text(json.dumps(table, indent=1) + "\n")
         load_tiles(out)                                   # what the kernels will read
 
-    save(tune(args.budget_s, args.rep_ms, args.git_commit, on_update=save))
+    with Progress("tune", lines=False) as step:          # a bar on a terminal
+        table = tune(args.budget_s, args.rep_ms, args.git_commit,
+                     on_update=lambda t: (save(t), step(
+                         f"{sum(bool(r.get('tuned')) for r in t['rows'])} of "
+                         f"{len(t['rows'])} rows tuned")))
+    save(table)
     print(f"wrote {out}: copy it into kimi_mlp/configs/ or set KIMI_MLP_TILES={out}")
     return 0
 

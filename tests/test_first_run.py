@@ -546,3 +546,51 @@ def test_bench_counts_what_it_skipped(tmp_path):
     cells = sum(row.count("skipped") for row in table)
     summary = next(line for line in run.stdout.splitlines() if line.startswith("done"))
     assert cells == 2 and f"; {cells} skipped (scaled_mm: not available here)" in summary
+
+
+def test_inspect_reports_its_progress_one_line_per_step():
+    "Not on a terminal: `inspect` prints one line per workload and M on stderr."
+    run = run_command("inspect", ["inspect", "--m", "1,3", "--hidden-size", "256",
+                                  "--intermediate-size", "256"])
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stderr.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["inspect [1/2]", "inspect [2/2]"]
+    assert "block at M = 3: 3 launches" in lines[1]
+
+
+@pytest.mark.skipif(not Path("/usr/bin/script").exists(), reason="needs util-linux script")
+def test_on_a_terminal_bench_draws_a_bar(tmp_path):
+    """On a terminal (a pseudo-terminal from `script`, 100 columns) bench --cpu-smoke
+    draws a tqdm bar on stderr beside its table."""
+    pytest.importorskip("tqdm")
+    cmd = (f"stty cols 100 rows 30; {sys.executable} -m kimi_mlp bench --cpu-smoke "
+           f"--m 1 --out {tmp_path}")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run(["/usr/bin/script", "-qec", cmd, str(tmp_path / "typescript")],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=600)
+    screen = (tmp_path / "typescript").read_text(errors="replace")
+    assert run.returncode == 0, screen[-3000:]
+    assert "bench: 100%" in screen and "1/1" in screen, screen[-3000:]
+
+
+def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere():
+    import io
+
+    from kimi_mlp.cli import Progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    plain, quiet = io.StringIO(), io.StringIO()
+    with Progress("work", 2, stream=plain) as step:
+        step("one"), step("two")
+    with Progress("work", 2, lines=False, stream=quiet) as step:
+        step("one")
+    assert plain.getvalue() == "work [1/2]: one\nwork [2/2]: two\n"
+    assert quiet.getvalue() == ""
+    if pytest.importorskip("tqdm"):
+        screen = Terminal()
+        with Progress("work", 2, stream=screen) as step:
+            step("one"), step("two")
+        assert "work" in screen.getvalue() and "[1/2]" not in screen.getvalue()
