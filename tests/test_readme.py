@@ -23,7 +23,7 @@ def test_the_readme_has_its_two_examples():
     assert "write_synthetic_checkpoint" in blocks[0] and "fuse_ffn" in blocks[1]
 
 
-@pytest.mark.parametrize("index", [0], ids=["package"])
+@pytest.mark.parametrize("index", [0, 1], ids=["package", "hugging-face"])
 def test_each_readme_example_runs_as_written_twice(index, tmp_path):
     """Each block in a fresh Python, in an empty directory, with no network and the
     interpreter not asked for: it must finish twice in a row."""
