@@ -180,11 +180,34 @@ class Progress:
                   flush=True)
 
     def __enter__(self) -> "Progress":
+        if self.bar is not None:                   # the command's own lines go above
+            self._stdout, sys.stdout = sys.stdout, _AboveTheBar(sys.stdout, self.bar)
         return self
 
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
+            sys.stdout = self._stdout
             self.bar.close()
+
+
+class _AboveTheBar:
+    "stdout while a bar is drawn: each whole line clears the bar, then redraws it."
+
+    def __init__(self, out, bar):
+        self.out, self.bar, self.part = out, bar, ""
+
+    def write(self, text: str) -> int:
+        self.part += text
+        if "\n" in self.part:
+            done, self.part = self.part.rsplit("\n", 1)
+            self.bar.clear()
+            self.out.write(done + "\n")
+            self.out.flush()
+            self.bar.refresh()
+        return len(text)
+
+    def __getattr__(self, name):
+        return getattr(self.out, name)
 
 # %% ../book/appendix_b_cli.ipynb #859baf1f
 def build_parser() -> argparse.ArgumentParser:
