@@ -181,15 +181,17 @@ class Progress:
 
     def __enter__(self) -> "Progress":
         if self.bar is not None:                   # the command's own lines go above
-            self._stdout, sys.stdout = sys.stdout, _AboveTheBar(sys.stdout, self.bar)
+            self._above = _AboveTheBar(sys.stdout, self.bar)
+            self._stdout, sys.stdout = sys.stdout, self._above
         return self
 
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
+            self._above.write("\n" if self._above.part else "")  # a line left open
             sys.stdout = self._stdout
             self.bar.close()
 
-
+# %% ../book/appendix_b_cli.ipynb #a1b2c3d7
 class _AboveTheBar:
     "stdout while a bar is drawn: each whole line clears the bar, then redraws it."
 
@@ -205,6 +207,10 @@ class _AboveTheBar:
             self.out.flush()
             self.bar.refresh()
         return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
 
     def __getattr__(self, name):
         return getattr(self.out, name)

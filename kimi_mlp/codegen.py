@@ -148,6 +148,21 @@ WORKLOADS = {"block": (_block_workload, INSPECT_M),
              "gpucheck": (_gpucheck_workload, GPUCHECK_M),
              "bench": (_bench_workload, BENCH_M)}
 
+# %% ../book/appendix_d_codegen.ipynb #34cc7cf3
+def _check_compile_only(arch: int) -> None:
+    "What `compile_launches` needs: a known family, compiling kernels, one target."
+    from . import kernels
+    if arch not in kernels.ARCH_TILES:
+        raise ValueError(f"arch: expected one of {sorted(kernels.ARCH_TILES)}, "
+                         f"got {arch!r}")
+    if kernels.INTERPRETED:
+        raise RuntimeError("compile_launches: the kernels were decorated for Triton's "
+                           "interpreter (TRITON_INTERPRET=1); use inspect_kernels")
+    if _TARGET_OF_PROCESS.setdefault("arch", arch) != arch:
+        raise RuntimeError(f"compile_launches: this process compiled for "
+                           f"{target_name(_TARGET_OF_PROCESS['arch'])} already, and "
+                           "Triton would reuse those kernels; use inspect_kernels")
+
 # %% ../book/appendix_d_codegen.ipynb #34cc7cf4
 def compile_launches(ms=INSPECT_M, hidden_size: int = 7168,
                      intermediate_size: int = 18432, sms: int = H200_SMS,
@@ -169,16 +184,7 @@ def compile_launches(ms=INSPECT_M, hidden_size: int = 7168,
     from triton.runtime.jit import JITFunction
 
     from . import kernels
-    if arch not in kernels.ARCH_TILES:
-        raise ValueError(f"arch: expected one of {sorted(kernels.ARCH_TILES)}, "
-                         f"got {arch!r}")
-    if kernels.INTERPRETED:
-        raise RuntimeError("compile_launches: the kernels were decorated for Triton's "
-                           "interpreter (TRITON_INTERPRET=1); use inspect_kernels")
-    if _TARGET_OF_PROCESS.setdefault("arch", arch) != arch:
-        raise RuntimeError(f"compile_launches: this process compiled for "
-                           f"{target_name(_TARGET_OF_PROCESS['arch'])} already, and "
-                           "Triton would reuse those kernels; use inspect_kernels")
+    _check_compile_only(arch)
     variants, launches, real_run = {}, [], JITFunction.run
 
     def compile_only(self, *args, grid, warmup, **kwargs):
@@ -206,8 +212,7 @@ def compile_launches(ms=INSPECT_M, hidden_size: int = 7168,
                     _record(variants, fn, args, kwargs, grid, kernel, (name, m, i),
                             arch)
                 if progress is not None:
-                    progress(f"{name} at M = {m}: {len(launches)} launches, "
-                             f"{len(variants)} variants so far")
+                    progress(f"{name} at M = {m}: {len(launches)} launches")
     finally:
         JITFunction.run = real_run
         kernels._COMPILE_ONLY_SMS, kernels._COMPILE_ONLY_ARCH = saved
@@ -493,26 +498,32 @@ def compile_in_child(worker: str, args: list, timeout: float,
 
 def _stream_child(cmd: list, env: dict, timeout: float, progress) -> tuple:
     """Run `cmd`, passing its "progress: " lines to `progress` as they come; returns
-    (exit status, the rest of its stderr). Killed after `timeout` seconds."""
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
+    (exit status, the rest of its stderr). Killed after `timeout` seconds, and when
+    anything (Ctrl-C, an error) stops the reading."""
     killed: list = []
-    timer = threading.Timer(timeout, lambda: killed.append(proc.kill()))
-    timer.start()
-    rest = []
-    try:
-        for line in proc.stderr:
-            if line.startswith("progress: "):
-                if progress is not None:
+
+    def kill():
+        if proc.poll() is None:
+            killed.append(proc.kill())
+
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True) as proc:
+        timer, rest = threading.Timer(timeout, kill), []
+        timer.start()
+        try:
+            for line in proc.stderr:
+                if not line.startswith("progress: "):
+                    rest.append(line)
+                elif progress is not None:
                     progress(line[len("progress: "):].rstrip("\n"))
-            else:
-                rest.append(line)
-        rc = proc.wait()
-    finally:
-        timer.cancel()
+        except BaseException:
+            kill()
+            raise
+        finally:
+            timer.cancel()
     if killed:
         rest.append(f"(stopped after {timeout:.0f} s)\n")
-    return rc, "".join(rest)
+    return proc.returncode, "".join(rest)
 
 # %% ../book/appendix_d_codegen.ipynb #8fbdaa28
 def short_name(kernel: str) -> str:
@@ -779,11 +790,10 @@ def _workloads(text: str) -> tuple[str, ...]:
             f"expected names from {','.join(WORKLOADS)}, got {text!r}")
     return names
 
-# %% ../book/appendix_d_codegen.ipynb #7b41be85
-def main(argv=None) -> int:
-    """`python -m kimi_mlp inspect [--arch sm_89] [--m 1,16,4096] [--json FILE]`; the
-    exit status."""
-    from kimi_mlp.cli import WIDTH, Progress, _line, _Parser, int_in
+# %% ../book/appendix_d_codegen.ipynb #7b41be84
+def _inspect_parser():
+    "The options of `python -m kimi_mlp inspect`."
+    from kimi_mlp.cli import WIDTH, _Parser, int_in
     p = _Parser(                 # one-line usage errors
         prog="python -m kimi_mlp inspect",
         description="Compile the fused FFN block's Triton kernels for a GPU family "
@@ -808,8 +818,14 @@ def main(argv=None) -> int:
                         "is masked")
     p.add_argument("--intermediate-size", type=WIDTH, default=18432,
                    help="from 128 (default 18432)")
-    a = p.parse_args(argv)
-    from kimi_mlp.cli import needs
+    return p
+
+# %% ../book/appendix_d_codegen.ipynb #7b41be85
+def main(argv=None) -> int:
+    """`python -m kimi_mlp inspect [--arch sm_89] [--m 1,16,4096] [--json FILE]`; the
+    exit status."""
+    from kimi_mlp.cli import Progress, _line, needs
+    a = _inspect_parser().parse_args(argv)
     needs("triton")                      # here: the compiling process imports it too
     arch, sms = TARGETS[a.arch]
     steps = sum(len(a.m or WORKLOADS[name][1]) for name in a.workload)

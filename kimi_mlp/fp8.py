@@ -304,6 +304,9 @@ class _KeepsCodes:
             return super()._apply(fn, *args, **kwargs)  # type: ignore[misc]
         finally:
             for n, dtype in kept.items():
+                if self._buffers[n].dtype != INT_OF_WIDTH[dtype.itemsize]:
+                    raise TypeError(f"{n}: a cast of the integer codes too (such as "
+                                    "Module.type) would change them; use .to(dtype)")
                 self._buffers[n] = self._buffers[n].view(dtype)
 
 # %% ../book/05_fp8.ipynb #85bd40bb

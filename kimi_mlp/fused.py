@@ -267,10 +267,9 @@ def kept_bytes(m: int, hidden_size: int = 7168, intermediate_size: int = 18432,
                w8a16_dtype=None, num_sms: int = 132) -> int:
     """Bytes of the intermediates FusedFp8DenseMLP keeps for m tokens, with the plans
     for `num_sms` SMs (132: an H200); made on the meta device, nothing allocated."""
-    meta = {"device": "meta"}
-    d, f = hidden_size, intermediate_size
-    t = FfnTensors(torch.empty(d, **meta), 1e-6, *(torch.empty(f, d, **meta),) * 4,
-                   torch.empty(d, f, **meta), torch.empty(d, f, **meta))
+    d, f = hidden_size, intermediate_size                  # what the plans read:
+    t = FfnTensors(torch.empty(d, device="meta"), 0.0,      # the widths, the device
+                   torch.empty(f, d, device="meta"), *[None] * 5)
     return _nbytes(_plans_and_scratch(t, m, w8a16_dtype, num_sms)[1])
 
 # %% ../book/08_fused_mlp.ipynb #f5a7b9c2
@@ -306,9 +305,8 @@ class _KeptScratch:
         """Plans and intermediates for m tokens, kept for the next call within the
         bounds (calls must then come one at a time, on one CUDA stream)."""
         entry = _plans_and_scratch(self._t, m, self.act_dtype)
-        size = _nbytes(entry[1])
-        if keep and m <= SCRATCH_MAX_M and size <= self.cache_bytes \
-                and self.cache_entries:
+        size = _nbytes(entry[1]) if keep and m <= SCRATCH_MAX_M else None
+        if size is not None and size <= self.cache_bytes and self.cache_entries:
             self._per_m[m], self._sizes[m] = entry, size
             while (len(self._per_m) > self.cache_entries
                    or sum(self._sizes.values()) > self.cache_bytes):
@@ -393,22 +391,17 @@ GAIN_DTYPES = (torch.bfloat16, torch.float32)
 
 
 @contextlib.contextmanager
-def _gain_cast(norm: nn.Module | None, fn):
-    """While nn.Module applies `fn` (a cast, a move) inside, `norm`'s gain follows
-    a cast to a dtype in GAIN_DTYPES and otherwise keeps its dtype and only moves."""
+def _gain_cast(norm: nn.Module | None, follow=GAIN_DTYPES):
+    """While nn.Module applies a cast or a move inside, `norm`'s gain follows a cast
+    to a dtype in `follow`; to another it keeps its values and dtype, and only moves
+    (the same Parameter object, its data put back from a [d] copy)."""
     gain = getattr(norm, "weight", None)
-    if (not isinstance(gain, nn.Parameter)
-            or fn(torch.zeros((), dtype=gain.dtype)).dtype in GAIN_DTYPES):
-        yield
-        return
-    grad, dtype = gain.requires_grad, gain.dtype
-    as_int = gain.detach().view(INT_OF_WIDTH[dtype.itemsize])
-    norm._parameters["weight"] = nn.Parameter(as_int, requires_grad=False)
-    try:
-        yield
-    finally:
-        moved = norm._parameters["weight"].detach().view(dtype)
-        norm._parameters["weight"] = nn.Parameter(moved, requires_grad=grad)
+    kept = gain.detach() if isinstance(gain, torch.Tensor) else None
+    yield
+    now = getattr(norm, "weight", None)
+    if kept is not None and isinstance(now, torch.Tensor) \
+            and now.dtype != kept.dtype and now.dtype not in follow:
+        now.data = kept.to(now.device)
 
 # %% ../book/08_fused_mlp.ipynb #c61f2a9d
 class _CheckedOnce(_KeptScratch, nn.Module):
@@ -442,7 +435,7 @@ class _CheckedOnce(_KeptScratch, nn.Module):
         self._new_cache()
 
     def _apply(self, fn, *args, **kwargs):                   # .to(), .cuda(), ...
-        with _gain_cast(self.post_attention_layernorm, fn):
+        with _gain_cast(self.post_attention_layernorm):
             super()._apply(fn, *args, **kwargs)
         self._bind()
         return self

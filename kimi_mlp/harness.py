@@ -407,7 +407,8 @@ def _bench_done(record: dict, t0: float, log) -> dict:
     record["complete"] = not record["not_run_m"]
     record["elapsed_s"] = round(time.perf_counter() - t0, 1)
     away = [n for n, p in record["providers"].items() if not p["available"]]
-    cells = len(record["skipped"]) + len(away) * len(record["kernel_choices"])
+    ran = len(record["settings"]["m"]) - len(record["not_run_m"])     # M that ran
+    cells = len(record["skipped"]) + len(away) * ran
     log(f"done in {record['elapsed_s']:.0f} s; "
         f"{sum(r['ok'] for r in record['results'])} of {len(record['results'])} "
         f"outputs passed their checks; {cells} skipped"

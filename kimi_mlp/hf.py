@@ -66,7 +66,8 @@ def _bf16_forward(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def _not_saved_in_a_model(module: nn.Module, prefix: str, keep_vars) -> None:
     """A FusedMLP's state inside a model's state_dict would put FP8 codes under the
-    names a bf16 model loads as weights: refused (alone, prefix '', it is given)."""
+    names a bf16 model loads as weights: refused (alone, prefix '', it is given).
+    Anything that takes a whole fused model's state_dict is refused with it."""
     if prefix:
         raise RuntimeError(
             f"{prefix.rstrip('.')}: a FusedMLP (fuse_ffn) holds FP8 codes and scales "
@@ -107,7 +108,7 @@ class FusedMLP(nn.Module):
         return _bf16_forward(self, x)
 
     def _apply(self, fn, *args, **kwargs):    # a cast keeps codes, scales, bf16 gain
-        with _gain_cast(self.norm, fn):
+        with _gain_cast(self.norm, follow=(torch.bfloat16,)):   # it computes in bf16
             return super()._apply(fn, *args, **kwargs)
 
     def extra_repr(self) -> str:
@@ -402,6 +403,11 @@ def _ffn_weights(layers, config: KimiK2Config) -> dict:
     out = {}
     for i, layer in enumerate(layers):
         p = f"model.layers.{i}."
+        for name, mod in layer.named_modules(prefix=p.rstrip(".")):
+            if isinstance(mod, FusedMLP):      # its weights are codes, not values
+                raise ValueError(f"{name}: expected the model's own MLP, got a "
+                                 "FusedMLP (fuse_ffn); call the FuseReport's "
+                                 "restore() before save_fp8_ffn")
         if config.is_dense_layer(i):
             mlp = layer.mlp
             out[p + "post_attention_layernorm.weight"] = \

@@ -1893,8 +1893,11 @@ def _rn(a: float, bits: int) -> float:
 
 
 def _fp16(a: float) -> float:
-    "The largest fp16 value a store of any value in [0, a] gives: inf from 65520 on."
-    return a if math.isnan(a) else _rn(a, 11) if a < 65520 else math.inf
+    """The largest fp16 value a store of any value in [0, a] gives: inf from 65520
+    on; below 2^-14, a multiple of the subnormal step 2^-24."""
+    if math.isnan(a) or a >= 65520:
+        return a if math.isnan(a) else math.inf
+    return _rn(a, 11) if a >= 2.0**-14 else round(a * 2**24) * 2.0**-24
 
 
 def _gamma(n: int) -> float:
@@ -1926,7 +1929,9 @@ def fp16_bounds(norm_weight: torch.Tensor, gate: torch.Tensor, gate_scale: torch
     """Bounds on |x|, |g|, |u| and |p| of the W8A16 block in fp16 over every input
     (the text's argument, with each of the kernels' roundings; float64): the largest
     value each can store, or inf where it can overflow. Below FP16_MAX a value is
-    finite for every input. eps: the norm's. Weights are read `rows` at a time."""
+    finite for every input. eps: the norm's. Weights are read `rows` at a time. The
+    sums' n = d + ceil(d/128) + 2 roundings per term hold for any order of float32
+    additions; a GPU's tensor cores add far fewer times per term, even truncating."""
     _check_rank("norm_weight", norm_weight, 1, "[d]")
     _check_tensor("norm_weight", norm_weight, (torch.bfloat16, torch.float32))
     d = norm_weight.shape[0]
@@ -1945,10 +1950,10 @@ def fp16_bounds(norm_weight: torch.Tensor, gate: torch.Tensor, gate_scale: torch
             w = codes[r0:r1].view(FP8_DTYPE).double()
             w = w * sc[:r1 - r0].repeat_interleave(128, 1)[:, :d]
             norms.append(w.norm(dim=1))
-        return torch.cat(norms).max().item() * (1 + 2.0**-40)
+        return torch.cat(norms).max().item() * (1 + (d + 2) * 2.0**-53)
 
     dot = (1 + _gamma(d + -(-d // 128) + 2)) * x_norm         # float32 sums
     g, u = (_fp16(dot * row_norm(c, s)) for c, s in ((gate, gate_scale),
                                                       (up, up_scale)))
-    p = _fp16(_fp16(g * (1 + U32)) * u * (1 + U32))   # silu(g) <= g; the product
+    p = _fp16(g * u * (1 + U32))     # fp16(silu(g)) <= g; the product, rounded twice
     return {"x": x, "g": g, "u": u, "p": p}

@@ -365,14 +365,17 @@ def gpu_report_main(argv=None) -> int:
                f"{env['torch']}, triton {env['triton']}, commit {env['git_commit']}, "
                f"steps {','.join(args.steps)}")
     commit = ["--git-commit", env["git_commit"]] if env["git_commit"] else []
-    steps = [(_report_gpucheck, (commit,))] * ("gpucheck" in args.steps) + [
-        (_report_notebook, (name,)) for name in args.notebooks
-        if "notebooks" in args.steps] + [(_report_bench, (commit,))] * (
-        "bench" in args.steps)
+    steps = []                                  # (step, its last argument), in order
+    if "gpucheck" in args.steps:
+        steps.append((_report_gpucheck, commit))
+    if "notebooks" in args.steps:
+        steps += [(_report_notebook, name) for name in args.notebooks]
+    if "bench" in args.steps:
+        steps.append((_report_bench, commit))
     try:
         with Progress("gpu-report", len(steps), lines=False) as progress:
-            for run, extra in steps:                   # a bar on a terminal
-                run(report, args, *extra)
+            for run, last in steps:                    # a bar on a terminal
+                run(report, args, last)
                 progress(run.__name__.removeprefix("_report_"))
     except KeyboardInterrupt:         # a time limit's SIGINT: say so, keep the rest
         report.add({"step": "interrupted", "ok": False,

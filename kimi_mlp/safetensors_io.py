@@ -517,7 +517,7 @@ NAME_MAX = 255
 def _new_partial(parent: Path, name: str) -> tuple[Path, int | None]:
     """A fresh, locked `.NAME.XXXXXXXX.partial` directory in `parent` with the writer's
     marker in it, and its lock; NAME cut to fit NAME_MAX (at a character boundary)."""
-    name = name.encode()[:NAME_MAX - 18].decode(errors="ignore")
+    name = os.fsdecode(os.fsencode(name)[:NAME_MAX - 18])
     while True:
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".partial", dir=parent))
         lock = _lock(tmp)
@@ -540,9 +540,9 @@ def _check_target(path: Path) -> None:
     if path.name in ("", ".", ".."):
         raise ValueError(f"path: expected a new directory's name such as 'ckpt', "
                          f"got {str(path)!r}")
-    if len(path.name.encode()) > NAME_MAX:
+    if len(os.fsencode(path.name)) > NAME_MAX:
         raise ValueError(f"path: expected a name of at most {NAME_MAX} bytes, got "
-                         f"{len(path.name.encode())} bytes ({path.name[:40]}...)")
+                         f"{len(os.fsencode(path.name))} bytes ({path.name[:40]}...)")
     if os.path.lexists(path) and (path.is_symlink() or not path.is_dir()
                                   or any(path.iterdir())):
         raise FileExistsError(f"path: expected a new or empty directory, got {path}")

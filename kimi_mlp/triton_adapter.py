@@ -18,6 +18,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
 
@@ -59,9 +60,21 @@ INTERPRETED = isinstance(_probe, InterpretedFunction)
 #: How many of Triton's library functions had to be decorated again (0 when `triton`
 #: was first imported with the interpreter already on, or when it is off).
 REDECORATED = _interpret_library() if INTERPRETED else 0
-if INTERPRETED and _library_functions():
-    raise ImportError(
-        "kimi_mlp: Triton was imported before kimi_mlp without its interpreter, "
-        "and its library could not be switched to the interpreter; import "
-        "kimi_mlp.kernels before triton (and before transformers), or set "
-        "TRITON_INTERPRET=1 before anything imports triton")
+
+
+@triton.jit
+def _library_probe(out_ptr):
+    tl.store(out_ptr, tl.sum(tl.zeros((2,), tl.float32) + 1.0, axis=0))
+
+
+if INTERPRETED:                       # the library works under the interpreter, or
+    try:                              # one line says what to do
+        _out = torch.zeros(1)
+        _library_probe[(1,)](_out)
+        assert _out.item() == 2.0
+    except Exception:
+        raise ImportError(
+            "kimi_mlp: Triton was imported before kimi_mlp without its interpreter, "
+            "and its library could not be switched to the interpreter; import "
+            "kimi_mlp.kernels before triton (and before transformers), or set "
+            "TRITON_INTERPRET=1 before anything imports triton") from None

@@ -185,8 +185,8 @@ def tune(budget_s: float = 300, rep_ms: int = 50, git_commit: str | None = None,
 def tune_main(argv=None) -> int:
     """`python -m kimi_mlp tune [--out FILE]`: the sweep, written where --out says
     (default `./<device>.json`) after every bucket, of the FP8 kernels or, on a GPU
-    without e4m3, the W8A16 ones. 0 when written, EXIT_NO_GPU (3) when refused (no GPU, or one below
-    compute capability 7.5)."""
+    without e4m3, the W8A16 ones. 0 when written, EXIT_NO_GPU (3) when refused (no
+    GPU, or one below compute capability 7.5)."""
     from kimi_mlp.cli import (EXIT_NO_GPU, Progress, _Parser, int_in, out_file,
                               seconds)
     p = _Parser(                 # one-line usage errors

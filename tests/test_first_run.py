@@ -1,5 +1,6 @@
 """What a new user meets on the first day: the import order, the Hugging Face path, the
-command line and the caches. Each test here failed before its fix."""
+command line and the caches. Each fix came with a test here that failed before it; a few
+tests guard what a fix added (the interpreter's probe, the progress helper)."""
 import importlib.util
 import math
 import os
@@ -25,7 +26,8 @@ h = torch.randn(20, 256, generator=torch.Generator().manual_seed(6)).to(torch.bf
 y = fused_ffn_block(h, b)
 b.mlp.mode = "w8a8"
 print(k.INTERPRETED, torch.equal(y, b(h)),
-      hashlib.sha256(y.view(torch.int16).numpy()).hexdigest())
+      hashlib.sha256(y.view(torch.int16).numpy()).hexdigest(),
+      k.triton_adapter.REDECORATED > 0)
 """
 
 
@@ -39,7 +41,7 @@ def _fresh_python(code: str, **env) -> subprocess.CompletedProcess:
 def test_the_kernels_work_whatever_was_imported_first():
     """`import triton` (or `from transformers import ...`, which imports it) before
     kimi_mlp: the same bits as importing kimi_mlp first, and INTERPRETED says so."""
-    firsts = {"kimi_mlp": "",                         # (transformers imports triton)
+    firsts = {"kimi_mlp": "", "triton": "import triton",
               "transformers": "warnings.simplefilter('ignore')\n"
                               "from transformers import DeepseekV3ForCausalLM"}
     lines = {}
@@ -47,8 +49,23 @@ def test_the_kernels_work_whatever_was_imported_first():
         run = _fresh_python(_FUSED_RUN.format(first=first))
         assert run.returncode == 0, f"{name} first: {run.stderr[-2000:]}"
         lines[name] = run.stdout.split()
-    assert lines["kimi_mlp"][:2] == ["True", "True"]
-    assert lines["kimi_mlp"] == lines["transformers"]
+    assert lines["kimi_mlp"][:2] == ["True", "True"] and lines["kimi_mlp"][3] == "False"
+    for first in ("triton", "transformers"):        # the library had to be repaired
+        assert lines[first][:3] == lines["kimi_mlp"][:3] and lines[first][3] == "True"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is for no CUDA")
+def test_a_library_the_repair_cannot_reach_stops_the_import_in_one_line():
+    """A Triton helper wrapped where the repair cannot see it (a plain function around
+    the compiler's tl.sum): the import says what to do instead of kernels failing."""
+    run = _fresh_python("import triton, triton.language as tl\n"
+                        "jit_sum = tl.sum\n"
+                        "tl.sum = lambda *a, **k: jit_sum(*a, **k)\n"
+                        "import kimi_mlp.kernels\n")
+    assert run.returncode != 0
+    assert run.stderr.strip().splitlines()[-1].startswith(
+        "ImportError: kimi_mlp: Triton was imported before kimi_mlp without its "
+        "interpreter"), run.stderr[-2000:]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is for no CUDA")
@@ -86,38 +103,40 @@ def _fused_tensors(model) -> dict:
     return out
 
 
-def test_casting_a_fused_model_keeps_its_codes_and_scales(tiny):
-    """model.to(torch.bfloat16), .half(), .float() after fuse_ffn: the e4m3 codes and the
-    float32 scales keep their dtypes and bits; the gain follows only to a dtype the
-    kernels read; the forward computes in bf16 and answers in the model's dtype."""
+@pytest.mark.parametrize("impl", ["fused", "w8a8", "w8a16"])
+def test_casting_a_fused_model_keeps_its_codes_and_scales(tiny, impl):
+    """model.to(torch.bfloat16), .half(), .float() after fuse_ffn: the e4m3 codes, the
+    float32 scales and the bf16 gain keep their dtypes and bits, and each swapped
+    module gives on a cast model's input what it gave before any cast on that input
+    rounded to bf16, in the model's dtype."""
     import copy
 
     from kimi_mlp import hf
     model, ckpt, ids = tiny
     model = copy.deepcopy(model)
-    hf.fuse_ffn(model, ckpt, layers="dense+shared")
+    report = hf.fuse_ffn(model, ckpt, layers="dense+shared", impl=impl)
     kept = _fused_tensors(model)
     assert {d for d, _ in kept.values()} == {torch.float8_e4m3fn, torch.float32,
                                              torch.bfloat16}
+    gen = torch.Generator().manual_seed(2)
+    xs = {dtype: torch.randn(3, 256, generator=gen).to(dtype)
+          for dtype in (torch.float16, torch.float32)}
+    mods = [s.new[-1] for s in report.swaps]
     with torch.no_grad():
         before = model(ids).logits
+        want = {(i, dtype): mod(x.to(torch.bfloat16)).to(dtype)       # before any cast
+                for i, mod in enumerate(mods) for dtype, x in xs.items()}
         model.to(torch.bfloat16)
         assert torch.equal(model(ids).logits, before)
-    gain_dtypes = {"half": torch.bfloat16, "float": torch.float32}
-    for cast, gain in gain_dtypes.items():
+    for cast, dtype in (("half", torch.float16), ("float", torch.float32)):
         getattr(model, cast)()
         now = _fused_tensors(model)
-        for name, (dtype, t) in kept.items():
-            want = gain if name.endswith("norm.weight") else dtype
-            assert now[name][0] == want, (cast, name, now[name][0])
-            assert torch.equal(now[name][1].to(dtype), t), (cast, name)
-        mlp = model.model.layers[0].mlp
-        x = torch.randn(3, 256, generator=torch.Generator().manual_seed(2)).to(model.dtype)
+        for name, (was, t) in kept.items():
+            assert now[name][0] == was and torch.equal(now[name][1], t), (cast, name)
         with torch.no_grad():
-            y = mlp(x)
-            assert y.dtype == model.dtype
-            ref = mlp(x.to(torch.bfloat16))              # x rounded to bf16, then cast
-            assert torch.equal(y, ref.to(model.dtype))
+            for i, mod in enumerate(mods):
+                y = mod(xs[dtype])
+                assert y.dtype == dtype and torch.equal(y, want[i, dtype]), (cast, i)
             assert model(ids).logits.isfinite().all()
 
 
@@ -137,6 +156,12 @@ def test_casting_a_fused_module_leaves_the_callers_block_intact():
             assert all(now[k].dtype == v.dtype and torch.equal(now[k], v)
                        for k, v in codes.items())
             assert torch.equal(fused(h), before)
+        fused.float()                 # float32: a gain the kernels read, so it follows
+        gain = block.post_attention_layernorm.weight
+        assert gain.dtype == torch.float32 and block.mlp.gate_proj.weight.dtype == \
+            torch.float8_e4m3fn and torch.equal(gain, codes["post_attention_layernorm."
+                                                           "weight"].float())
+        assert fused(h).isfinite().all()
 
 
 def test_saving_a_fused_model_is_refused_until_restore(tiny, tmp_path):
@@ -203,6 +228,22 @@ def test_save_fp8_ffn_names_a_layer_its_config_places_otherwise(tmp_path):
                        r"DeepseekV3MoE"):
         hf.save_fp8_ffn(build(moe_layer_freq=2), tmp_path / "freq2")
     assert not (tmp_path / "freq2").exists()
+
+
+def test_save_fp8_ffn_refuses_a_fused_model(tiny, tmp_path):
+    "A FusedMLP's weights are FP8 codes, not values: save_fp8_ffn says restore() first."
+    import copy
+
+    from kimi_mlp import hf
+    model, ckpt, _ = tiny
+    for source, layers in ((model, "dense"), (build(first_k_dense_replace=0), "dense+shared")):
+        fused = copy.deepcopy(source)
+        path = ckpt if source is model else hf.save_fp8_ffn(fused, tmp_path / "moe")
+        hf.fuse_ffn(fused, path, layers=layers)
+        with pytest.raises(ValueError, match=r"model\.layers\.\d\.mlp.*FusedMLP.*"
+                           r"restore\(\) before save_fp8_ffn"):
+            hf.save_fp8_ffn(fused, tmp_path / f"again-{layers}")
+        assert not (tmp_path / f"again-{layers}").exists()
 
 
 def test_save_fp8_ffn_refuses_a_model_on_the_meta_device(tmp_path):
@@ -325,7 +366,7 @@ def test_the_kept_intermediates_are_bounded_visible_and_freed(monkeypatch):
         F.FusedFp8DenseMLP(block, cache_bytes=-1)
 
 
-def test_kept_bytes_at_the_real_shapes_is_what_a_module_keeps():
+def test_kept_bytes_is_what_a_module_keeps():
     """kept_bytes (meta device, no allocation) equals the bytes of what the module really
     allocates for the same plans, here at small widths with a plan split along K."""
     from kimi_mlp import fused as F
@@ -408,6 +449,7 @@ def run_here(name: str, args: list, capsys) -> subprocess.CompletedProcess:
     import runpy
     module = "kimi_mlp.gpucheck" if name == "gpucheck" else "kimi_mlp"
     capsys.readouterr()
+    sys.modules.pop(f"{module}.__main__" if module == "kimi_mlp" else module, None)
     saved = sys.argv
     sys.argv = [f"python -m {module}", *args]
     try:
@@ -574,6 +616,10 @@ def test_bench_counts_what_it_skipped_and_draws_a_bar_on_a_terminal(tmp_path):
 
 
 def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere():
+    """Not a terminal: "WHAT [i/n]: text" lines (none with lines=False). A terminal with
+    tqdm: a bar, and the command's own printed lines go above it, the last one even
+    when it has no newline yet."""
+    import contextlib
     import io
 
     from kimi_mlp.cli import Progress
@@ -589,8 +635,13 @@ def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere():
         step("one")
     assert plain.getvalue() == "work [1/2]: one\nwork [2/2]: two\n"
     assert quiet.getvalue() == ""
-    if pytest.importorskip("tqdm"):
-        screen = Terminal()
-        with Progress("work", 2, stream=screen) as step:
-            step("one"), step("two")
-        assert "work" in screen.getvalue() and "[1/2]" not in screen.getvalue()
+    if importlib.util.find_spec("tqdm") is None:
+        return
+    screen, out = Terminal(), io.StringIO()
+    with contextlib.redirect_stdout(out):
+        with Progress("work", 2, lines=False, stream=screen) as step:
+            print("row 1")
+            step("one")
+            print("row 2", end="")
+    assert "work" in screen.getvalue() and "[1/2]" not in screen.getvalue()
+    assert out.getvalue() == "row 1\nrow 2\n"

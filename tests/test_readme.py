@@ -23,15 +23,35 @@ def test_the_readme_has_its_two_examples():
     assert "write_synthetic_checkpoint" in blocks[0] and "fuse_ffn" in blocks[1]
 
 
+#: What each example says it prints (its comments), line by line; None: not compared.
+PRINTED = [["[0]", "396361728", "True", None],
+           [*(f"model.layers.{i}.mlp{s}: {kind} -> hidden_size=256, intermediate_size="
+              f"{f}, impl='fused', path='w8a8', norm={norm}"
+              for i, s, kind, f, norm in ((0, "", "dense FFN: norm and MLP", 640,
+                                           "fused"),
+                                          (1, ".shared_experts", "shared expert", 128,
+                                           "None"),
+                                          (2, ".shared_experts", "shared expert", 128,
+                                           "None"))), None]]
+
+
 @pytest.mark.parametrize("index", [0, 1], ids=["package", "hugging-face"])
 def test_each_readme_example_runs_as_written_twice(index, tmp_path):
     """Each block in a fresh Python, in an empty directory, with no network and the
-    interpreter not asked for: it must finish twice in a row."""
+    interpreter not asked for: it finishes twice in a row and prints what its comments
+    say (the w8a16 error's digits and the tokens aside)."""
     block = python_blocks()[index]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TMPDIR=str(tmp_path))
     for attempt in (1, 2):
         run = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=900)
         assert run.returncode == 0, (attempt, run.stderr[-3000:])
     assert "Traceback" not in run.stderr
+    lines = run.stdout.splitlines()
+    assert len(lines) == len(PRINTED[index]), lines
+    assert all(want is None or got == want for got, want in zip(lines, PRINTED[index]))
+    if index == 0:
+        assert re.fullmatch(r"w8a16 vs w8a8: \d\.\d%", lines[3]), lines[3]
+    else:
+        assert re.fullmatch(r"\[\[1, 17, 42, 7(, \d+){4}\]\]", lines[3]), lines[3]
