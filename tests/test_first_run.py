@@ -137,7 +137,6 @@ def test_casting_a_fused_model_keeps_its_codes_and_scales(tiny, impl):
             for i, mod in enumerate(mods):
                 y = mod(xs[dtype])
                 assert y.dtype == dtype and torch.equal(y, want[i, dtype]), (cast, i)
-            assert model(ids).logits.isfinite().all()
 
 
 def test_casting_a_fused_module_leaves_the_callers_block_intact():
@@ -572,10 +571,10 @@ def test_gpucheck_cpu_smoke_honours_the_sizes_it_is_given(tmp_path):
 
     from kimi_mlp.gpu_check import gpucheck_main
     with contextlib.redirect_stdout(io.StringIO()):
-        rc = gpucheck_main(["--cpu-smoke", "--hidden-size", "256", "--intermediate-size",
-                            "384", "--m", "3", "--out", str(tmp_path)])
+        rc = gpucheck_main(["--cpu-smoke", "--hidden-size", "128", "--intermediate-size",
+                            "256", "--m", "1", "--out", str(tmp_path)])
     record = json.loads((tmp_path / "gpucheck.json").read_text())
-    assert rc == 0 and record["shapes"] == {"hidden_size": 256, "intermediate_size": 384}
+    assert rc == 0 and record["shapes"] == {"hidden_size": 128, "intermediate_size": 256}
 
 
 def test_inspect_reports_its_progress_one_line_per_step():
@@ -588,31 +587,27 @@ def test_inspect_reports_its_progress_one_line_per_step():
     assert "block at M = 3: 3 launches" in lines[1]
 
 
-def test_bench_counts_what_it_skipped_and_draws_a_bar_on_a_terminal(tmp_path):
-    """bench --cpu-smoke: the summary's count of skipped cells is the number of
-    'skipped' cells in its own table (scaled_mm needs CUDA; it said 0). On a terminal (a
-    pseudo-terminal from util-linux `script`, 100 columns, when there is one) it also
-    draws a tqdm bar on stderr beside its table."""
-    cmd = (f"stty cols 100 rows 30; {sys.executable} -m kimi_mlp bench --cpu-smoke "
-           f"--m 1,3 --out {tmp_path}")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    terminal = Path("/usr/bin/script").exists() and importlib.util.find_spec("tqdm")
-    if terminal:
-        run = subprocess.run(["/usr/bin/script", "-qec", cmd, str(tmp_path / "screen")],
-                             capture_output=True, text=True, cwd=ROOT, env=env,
-                             timeout=600)
-        out = (tmp_path / "screen").read_text(errors="replace")
-        assert "bench: 100%" in out and "2/2" in out, out[-3000:]
-    else:
-        run = run_command("bench", ["bench", "--cpu-smoke", "--m", "1,3", "--out",
-                                    str(tmp_path)])
-        out = run.stdout
-    assert run.returncode == 0, out[-3000:]
-    table = [line.split() for line in out.splitlines()
-             if line.split()[:1] in (["1"], ["3"])]
-    cells = sum(row.count("skipped") for row in table)
-    summary = next(line for line in out.splitlines() if line.startswith("done"))
-    assert cells == 2 and f"; {cells} skipped (scaled_mm: not available here)" in summary
+def test_on_a_terminal_bench_draws_a_bar_below_its_table(tmp_path, capsys, monkeypatch):
+    """bench --cpu-smoke with stderr on a terminal (a stand-in that says it is one): a
+    tqdm bar, and the table's lines intact on stdout. (Its summary's count of skipped
+    cells: test_bench's smoke test.)"""
+    import io
+
+    pytest.importorskip("tqdm")
+    from kimi_mlp import harness
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    screen = Terminal()
+    monkeypatch.setattr(sys, "stderr", screen)
+    assert harness.main(["--cpu-smoke", "--m", "1", "--providers", "fused,scaled_mm",
+                         "--out", str(tmp_path)]) == 0
+    assert "bench: 100%" in screen.getvalue() and "1/1" in screen.getvalue()
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("bench: CPU") and any(
+        line.startswith("done in ") and "1 skipped (scaled_mm" in line for line in out)
 
 
 def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere():
