@@ -475,22 +475,43 @@ def _one_error_line(run) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("name", list(COMMANDS))
-def test_without_the_optional_packages_every_command_says_what_to_install(
-        name, small_ckpt, tmp_path):
+# One fresh Python with the base install's imports blocked runs every command in turn and
+# prints, per command, a JSON line: its name, exit status and stderr.
+_EVERY_COMMAND = _BLOCKED + """import contextlib, io, json, runpy
+for name, module, args in {runs!r}:
+    err, sys.argv = io.StringIO(), [f"python -m {{module}}", *args]
+    sys.modules.pop("kimi_mlp.__main__", None)
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            runpy.run_module(module, run_name="__main__", alter_sys=False)
+            code = 0
+        except SystemExit as e:
+            code = e.code
+    print(json.dumps([name, code, err.getvalue()]))
+"""
+
+
+def test_without_the_optional_packages_every_command_says_what_to_install(small_ckpt,
+                                                                         tmp_path):
     """The base install (triton, transformers and matplotlib blocked): each command
     runs, or says in one line which package and which extra it needs, exit status 4;
     never a traceback."""
-    args = [a.format(tmp=tmp_path, ckpt=small_ckpt) for a in COMMANDS[name]]
-    run = run_command(name, args, blocked=True)
-    if name in ("synth", "info", "check"):
-        assert run.returncode == 0, run.stderr[-3000:]
-        assert "Traceback" not in run.stderr
-        return
-    line = _one_error_line(run)
-    assert run.returncode == 4, (run.returncode, line)
-    assert "needs triton, which is not installed" in line
-    assert "pip install 'kimi-mlp[kernels]'" in line
+    import json
+    runs = [(name, "kimi_mlp.gpucheck" if name == "gpucheck" else "kimi_mlp",
+             [a.format(tmp=tmp_path, ckpt=small_ckpt) for a in args])
+            for name, args in COMMANDS.items()]
+    run = _fresh_python(_EVERY_COMMAND.format(runs=runs))
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    results = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [name for name, _, _ in results] == list(COMMANDS)
+    for name, code, err in results:
+        if name in ("synth", "info", "check"):
+            assert code == 0 and "Traceback" not in err, (name, err[-3000:])
+            continue
+        lines = err.strip().splitlines()
+        assert code == 4 and len(lines) == 1, (name, code, err[-3000:])
+        assert lines[0].startswith("error: ") and "needs triton, which is not " \
+            "installed: pip install 'kimi-mlp[kernels]'" in lines[0], (name, lines)
 
 
 @pytest.mark.parametrize("name", list(COMMANDS))
