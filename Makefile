@@ -33,18 +33,15 @@ nbval: $(STAMP)
 ## nbval once more on "another CPU": PyTorch's own kernels without AVX (its scalar paths),
 ## oneDNN and MKL held to SSE4, OpenBLAS's and NumPy's SIMD paths held to SSE3/x86-64-v2, one
 ## thread each. Stored outputs must not depend on the instruction set, the BLAS or the threads.
-## Appendices D and F only compile kernels for GPUs and model their time in Python floats;
-## appendices A, B and C print file layouts, command lines, errors and the verdicts of checks
-## that chapters 7 to 9 make under both settings. Nothing they print is computed by the CPU's
-## arithmetic libraries, so they run once (above).
-ONE_CPU := book/appendix_a_safetensors.ipynb book/appendix_b_cli.ipynb \
-	book/appendix_c_measuring.ipynb book/appendix_d_codegen.ipynb book/appendix_f_gluon.ipynb
+## Appendices D and F only compile kernels for GPUs and model their time in Python floats:
+## nothing in them is computed by the CPU's arithmetic libraries, so they run once (above).
+COMPILE_ONLY := book/appendix_d_codegen.ipynb book/appendix_f_gluon.ipynb
 OTHER_CPU := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2 \
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OPENBLAS_CORETYPE=Prescott \
 	NPY_DISABLE_CPU_FEATURES="X86_V3 X86_V4"
 nbval-other-cpu: $(STAMP)
 	$(OTHER_CPU) $(PY) -m pytest -q -n auto --dist loadscope $(NBVAL) \
-		$(filter-out $(ONE_CPU),$(wildcard book/*.ipynb))
+		$(filter-out $(COMPILE_ONLY),$(wildcard book/*.ipynb))
 
 ## The book, from the outputs stored in the notebooks; warnings are errors.
 book: $(STAMP)
