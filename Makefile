@@ -33,9 +33,10 @@ nbval: $(STAMP)
 ## nbval once more on "another CPU": PyTorch's own kernels without AVX (its scalar paths),
 ## oneDNN and MKL held to SSE4, OpenBLAS's and NumPy's SIMD paths held to SSE3/x86-64-v2, one
 ## thread each. Stored outputs must not depend on the instruction set, the BLAS or the threads.
-## Appendices D and F only compile kernels for GPUs and model their time in Python floats:
-## nothing in them is computed by the CPU's arithmetic libraries, so they run once (above).
-COMPILE_ONLY := book/appendix_d_codegen.ipynb book/appendix_f_gluon.ipynb
+## Appendices D and F only compile kernels for GPUs and model their time in Python floats,
+## and appendix G prints a registry of constants: nothing in them is computed by the CPU's
+## arithmetic libraries, so they run once (above).
+COMPILE_ONLY := book/appendix_d_codegen.ipynb book/appendix_f_gluon.ipynb book/appendix_g_gpus.ipynb
 OTHER_CPU := ATEN_CPU_CAPABILITY=default ONEDNN_MAX_CPU_ISA=SSE41 MKL_ENABLE_INSTRUCTIONS=SSE4_2 \
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 OPENBLAS_CORETYPE=Prescott \
 	NPY_DISABLE_CPU_FEATURES="X86_V3 X86_V4"

@@ -7,12 +7,13 @@ import json
 import math
 from pathlib import Path
 
+from .gpus import GPUS, as_record, family_of   # appendix G
+
 # %% auto #0
-__all__ = ['HIDDEN', 'INTERMEDIATE', 'DECODE_SHARE', 'BENCH_M', 'KERNEL_RATE', 'GPU_CEILINGS_SCHEMA', 'RATE_KEYS',
-           'HOST_TARGET_US', 'W8A16_PROVIDERS', 'W8A16_DECODE_M', 'W8A16_FLOOR_RATIO', 'W8A16_BF16_SPEEDUP',
-           'NO_MEASUREMENT', 'ffn_flop', 'ffn_min_bytes', 'roofline_floor_s', 'load_gpu_ceilings', 'decode_floor_s',
-           'prefill_floor_s', 'gpu_floor_s', 'timings', 'torch_bf16_launch_costs', 'predicted_record', 'check_targets',
-           'host_target', 'fused_path', 'find_gpu', 'w8a16_targets']
+__all__ = ['HIDDEN', 'INTERMEDIATE', 'DECODE_SHARE', 'BENCH_M', 'HOST_TARGET_US', 'W8A16_PROVIDERS', 'W8A16_DECODE_M',
+           'W8A16_FLOOR_RATIO', 'W8A16_BF16_SPEEDUP', 'NO_MEASUREMENT', 'ffn_flop', 'ffn_min_bytes', 'roofline_floor_s',
+           'datasheet_gpus', 'decode_floor_s', 'prefill_floor_s', 'gpu_floor_s', 'timings', 'torch_bf16_launch_costs',
+           'predicted_record', 'check_targets', 'host_target', 'fused_path', 'find_gpu', 'w8a16_targets']
 
 # %% ../book/09_benchmarks.ipynb #35856041
 HIDDEN, INTERMEDIATE = 7168, 18432
@@ -64,89 +65,23 @@ def roofline_floor_s(
     )
 
 # %% ../book/09_benchmarks.ipynb #4b033223
-#: The kernels' path and matrix unit per architecture (chapter 7), as (path, the key
-#: of that unit's rate in gpu_ceilings.json): FP8 tensor cores from sm_89 (W8A8),
-#: bf16 tensor cores on Ampere (W8A16: weights decoded to bf16), the FMA units in fp32
-#: on Turing (W8A16 with fp16 operands: Triton lowers tl.dot there to fma.rn.f32).
-KERNEL_RATE = {
-    "sm_75": ("w8a16", "fp32_flop_per_s"),
-    "sm_80": ("w8a16", "bf16_flop_per_s"),
-    "sm_86": ("w8a16", "bf16_flop_per_s"),
-    "sm_87": ("w8a16", "bf16_flop_per_s"),
-    "sm_89": ("w8a8", "fp8_flop_per_s"),
-    "sm_90a": ("w8a8", "fp8_flop_per_s"),
-    "sm_100": ("w8a8", "fp8_flop_per_s"),
-    "sm_120": ("w8a8", "fp8_flop_per_s"),
-}
-
-# %% ../book/09_benchmarks.ipynb #eb8206a6
-GPU_CEILINGS_SCHEMA = "kimi-mlp-gpu-ceilings/2"
-#: An entry's dense matmul rates, FLOP/s with fp32 sums; null where there is none.
-RATE_KEYS = ("bf16_flop_per_s", "fp16_flop_per_s", "fp8_flop_per_s", "fp32_flop_per_s")
-_TEXT_KEYS = ("name", "arch", "status", "source", "url")
-_GPU_KEYS = (*_TEXT_KEYS, "device_names", "hbm_bytes_per_s", *RATE_KEYS, "note")
-
-
-def _bad(field: str, expected: str, got) -> ValueError:
-    return ValueError(f"{field}: expected {expected}, got {got!r}")
-
-
-def _positive(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0
-
-
-def _check_gpu(g, where: str) -> dict:
-    "One GPU entry, every field checked: ValueError names it, what it expected, got."
-    if not isinstance(g, dict):
-        raise _bad(where, "an object", type(g).__name__)
-    if unknown := sorted(set(g) - set(_GPU_KEYS)):
-        raise _bad(where, f"keys from {list(_GPU_KEYS)}", unknown)
-    for key in _TEXT_KEYS + (("note",) if "note" in g else ()):
-        if not isinstance(g.get(key), str) or not g[key].strip():
-            raise _bad(f"{where}.{key}", "a non-empty string", g.get(key))
-    if g["arch"] not in KERNEL_RATE:
-        raise _bad(f"{where}.arch", f"one of {list(KERNEL_RATE)}", g["arch"])
-    if not g["url"].startswith("https://"):
-        raise _bad(f"{where}.url", "an https:// address", g["url"])
-    names = g.get("device_names")
-    if not isinstance(names, list) or not names or not all(
-        isinstance(n, str) and n.strip() for n in names
-    ):
-        raise _bad(f"{where}.device_names", "a non-empty list of names", names)
-    for key in ("hbm_bytes_per_s", *RATE_KEYS):
-        v = g.get(key, "missing")
-        if not (_positive(v) or (v is None and key in RATE_KEYS)):
-            what = "a positive number" + (" or null" if key in RATE_KEYS else "")
-            raise _bad(f"{where}.{key}", what, v)
-    return g
+def datasheet_gpus() -> list[dict]:
+    """The named GPUs of appendix G's registry as dicts (`gpus.as_record`): `name`,
+    family `arch` and `target`, the kernels' `mode` there (w8a8 or w8a16) and the key
+    of the rate that bounds them (`rate_key`), `sms`, `hbm_bytes_per_s`, the four
+    dense rates (None where none is recorded), `source`, `url`, `note`."""
+    return [as_record(g) for g in GPUS.values()]
 
 # %% ../book/09_benchmarks.ipynb #03a0b7d4
-def load_gpu_ceilings(path) -> list[dict]:
-    """The GPUs of a gpu_ceilings JSON (`GPU_CEILINGS_SCHEMA`), each entry checked by
-    `_check_gpu`; a ValueError names the field, what it expected and what it got."""
-    d = json.loads(Path(path).read_text())
-    if not isinstance(d, dict) or d.get("schema") != GPU_CEILINGS_SCHEMA:
-        got = d.get("schema") if isinstance(d, dict) else type(d).__name__
-        raise _bad(f"{path}: schema", repr(GPU_CEILINGS_SCHEMA), got)
-    if set(d) != {"schema", "note", "gpus"}:
-        raise _bad(f"{path}: keys", "['gpus', 'note', 'schema']", sorted(d))
-    if not isinstance(d["note"], str) or not d["note"].strip():
-        raise _bad(f"{path}: note", "a non-empty string", d["note"])
-    gpus = d["gpus"]
-    if not isinstance(gpus, list) or not gpus:
-        raise _bad(f"{path}: gpus", "a non-empty list", gpus)
-    return [_check_gpu(g, f"{path}: gpus[{i}]") for i, g in enumerate(gpus)]
-
-
 def decode_floor_s(m: int, bytes_per_s: float) -> float:
     "The FFN half's bandwidth floor for m tokens: its fewest bytes over `bytes_per_s`."
     return ffn_min_bytes(m) / bytes_per_s
 
 def prefill_floor_s(gpu: dict, m: int) -> float | None:
     """The FFN half's arithmetic floor for m tokens on `gpu` (an entry of
-    gpu_ceilings.json): its FLOP over the rate of the unit the kernels use there
-    (`KERNEL_RATE`). None where the entry records no such rate."""
-    rate = gpu[KERNEL_RATE[gpu["arch"]][1]]
+    `datasheet_gpus`): its FLOP over the rate of the unit the kernels use there
+    (`rate_key`). None where the entry records no such rate."""
+    rate = gpu[gpu["rate_key"]]
     return None if rate is None else ffn_flop(m) / rate
 
 
@@ -306,8 +241,7 @@ def fused_path(record: dict) -> str | None:
     cap = (record.get("environment") or {}).get("capability")
     if not cap:
         return None
-    major, minor = (int(x) for x in str(cap).split("."))
-    return "w8a16" if (major, minor) < (8, 9) else "w8a8"
+    return family_of(int(x) for x in str(cap).split(".")).mode
 
 
 def find_gpu(gpus: list[dict], device_name: str | None) -> dict | None:
@@ -335,14 +269,14 @@ def _w8a16_times(record: dict | None) -> dict[str, dict[int, float]]:
 def w8a16_targets(record: dict | None, gpus: list[dict]) -> list[dict]:
     """Targets 6-8 judged on a stored benchmark record: [{target, rule, worst,
     verdict}], verdict "met", "missed" or NO_MEASUREMENT (no record of the W8A16 path,
-    or not the timings a target needs). `gpus`: load_gpu_ceilings's entries."""
+    or not the timings a target needs). `gpus`: `datasheet_gpus()`."""
     t, p = _w8a16_times(record), W8A16_PROVIDERS
     fused, bf16, unfused = (t.get(k, {}) for k in ("fused", "bf16", "unfused"))
     dec = {m: s for m, s in fused.items() if m <= W8A16_DECODE_M}
     gpu, missing, over = None, NO_MEASUREMENT, []
     if dec:
         gpu = find_gpu(gpus, name := record["environment"].get("gpu"))
-        missing = f"not judged: no gpu_ceilings.json entry for {name!r}"
+        missing = f"not judged: no datasheet entry for {name!r}"
     if gpu:
         d, f = record["shapes"]["hidden_size"], record["shapes"]["intermediate_size"]
         bw = gpu["hbm_bytes_per_s"]

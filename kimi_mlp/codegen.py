@@ -13,6 +13,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+from . import gpus                # appendix G: the GPU families
 from .bench import BENCH_M       # the benchmark's token counts (chapter 9)
 from .gpu_check import GPUCHECK_M, _parse_m   # the GPU check's: --m 1,16
 
@@ -21,29 +22,29 @@ INSPECT_M = (1, 4, 16, 32, 64, 128, 1024, 4096)
 #: Triton's `GPUTarget` fields for Hopper: backend, compute capability 9.0, warp size.
 HOPPER = ("cuda", 90, 32)
 #: SMs of an H100 SXM or an H200: what `plan_gemm` plans the launches for.
-H200_SMS = 132
-#: The most shared memory one thread block may use (opt-in), per GPU family chapter 7
-#: plans for: 227 KB on 9.0 and 10.0, 163 KB on 8.0, 99 KB on 8.6, 8.9 and 12.0, 64 KB
-#: on 7.5 (CUDA C++ Programming Guide, "Technical Specifications per Compute
-#: Capability").
-SHARED_MEM_LIMITS = {90: 227 * 1024, 100: 227 * 1024, 80: 163 * 1024, 86: 99 * 1024,
-                     89: 99 * 1024, 120: 99 * 1024, 75: 64 * 1024}
-SHARED_MEM_LIMIT = SHARED_MEM_LIMITS[90]
-#: The targets `inspect` compiles for, with the SM count split-K plans for by default:
-#: a T4, an A100, an A10G, an L4, an H200 (or H100 SXM), a B200, an RTX 5090.
-TARGETS = {"sm_75": (75, 40), "sm_80": (80, 108), "sm_86": (86, 80), "sm_89": (89, 58),
-           "sm_90a": (90, H200_SMS), "sm_100": (100, 148), "sm_120": (120, 170)}
+H200_SMS = gpus.gpu("H200").sms
+#: The most shared memory one thread block may use on Hopper (appendix G has every
+#: family's, `gpus.Family.shared_per_block`).
+SHARED_MEM_LIMIT = gpus.family(90).shared_per_block
+
+
+def targets() -> dict:
+    """The targets `inspect` compiles for, one per GPU family of appendix G, by their
+    `ptxas` names, with the SM count split-K plans for by default (the family's first
+    GPU: a T4, an A100, an A10G, an L4, an H200, a B200, an RTX 5090)."""
+    return {f.target: (f.arch, gpus.default_gpu(f.arch).sms)
+            for f in gpus.FAMILIES.values()}
 
 
 def target_name(arch: int) -> str:
     """The `ptxas` name of a GPU family, as Triton writes it in the PTX's `.target`:
     with an 'a' from 9.0 on (sm_90a, sm_100a, sm_120a: wgmma and tcgen05 need it),
     without one before (sm_75, sm_80, sm_86, sm_89)."""
-    return f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+    return gpus.family(arch).target
 
 # %% auto #0
-__all__ = ['INSPECT_M', 'HOPPER', 'H200_SMS', 'SHARED_MEM_LIMITS', 'SHARED_MEM_LIMIT', 'TARGETS', 'WORKLOADS', 'CONVERSIONS',
-           'H200_MODEL', 'GEMM_SHAPES', 'MODEL_M', 'MODEL_SCHEMA', 'target_name', 'CompileOnlyDriver', 'stand_in_block',
+__all__ = ['INSPECT_M', 'HOPPER', 'H200_SMS', 'SHARED_MEM_LIMIT', 'WORKLOADS', 'CONVERSIONS', 'H200_MODEL', 'GEMM_SHAPES',
+           'MODEL_M', 'MODEL_SCHEMA', 'targets', 'target_name', 'CompileOnlyDriver', 'stand_in_block',
            'compile_launches', 'parse_ptxas', 'ptxas_path_and_flags', 'ptxas_log', 'run_ptxas', 'matrix_instructions',
            'shared_buffers', 'ptx_excerpt', 'inspect_kernels', 'compile_in_child', 'short_name', 'matrix_summary',
            'table_rows', 'format_table', 'step_cycles', 'model_block', 'model_rows', 'format_model', 'model_entry',
@@ -152,9 +153,7 @@ WORKLOADS = {"block": (_block_workload, INSPECT_M),
 def _check_compile_only(arch: int) -> None:
     "What `compile_launches` needs: a known family, compiling kernels, one target."
     from . import kernels
-    if arch not in kernels.ARCH_TILES:
-        raise ValueError(f"arch: expected one of {sorted(kernels.ARCH_TILES)}, "
-                         f"got {arch!r}")
+    gpus.family(arch)                   # a one-line error for an unknown family
     if kernels.INTERPRETED:
         raise RuntimeError("compile_launches: the kernels were decorated for Triton's "
                            "interpreter (TRITON_INTERPRET=1); use inspect_kernels")
@@ -197,7 +196,7 @@ def compile_launches(ms=INSPECT_M, hidden_size: int = 7168,
     driver.set_active(CompileOnlyDriver(GPUTarget(HOPPER[0], arch, HOPPER[2])))
     saved = kernels._COMPILE_ONLY_SMS, kernels._COMPILE_ONLY_ARCH
     kernels._COMPILE_ONLY_SMS, kernels._COMPILE_ONLY_ARCH = sms, arch
-    if arch not in kernels.W8A16_ARCHS:      # its probe compiles first, unrecorded
+    if gpus.family(arch).e4m3:      # its probe compiles first, unrecorded
         kernels._native(torch.device("cpu"))
     JITFunction.run = compile_only
     try:
@@ -420,7 +419,7 @@ def _worker(argv=None) -> int:
     report = {"schema": "kimi-mlp-codegen/1", "triton": triton.__version__,
               "ptxas": ptxas_version, "ptxas_flags": flags,
               "target": target_name(arch), "arch": arch, "sms": sms,
-              "native_e4m3": None if arch in kernels.W8A16_ARCHS
+              "native_e4m3": None if not gpus.family(arch).e4m3
               else kernels._e4m3_rounds_once(target), "hidden_size": d,
               "intermediate_size": f, "workloads": workloads, "ms": ms,
               "variants": variants}
@@ -438,7 +437,7 @@ def inspect_kernels(ms=INSPECT_M, hidden_size: int = 7168,
                     timeout: float = 1800, arch: int = 90,
                     workloads=("block",), progress=None) -> dict:
     """Compile every kernel variant `fused_ffn_block` launches at each M of `ms` for
-    `target_name(arch)` (a family of SHARED_MEM_LIMITS: 90 is sm_90a, 89 sm_89), in a
+    `target_name(arch)` (a family of appendix G: 90 is sm_90a, 89 sm_89), in a
     fresh Python process with TRITON_INTERPRET=0, and return the report: `triton`,
     `ptxas` (release) and `ptxas_flags`, `target`, `arch`, `sms`, `native_e4m3`
     (whether the compiler's e4m3 conversion for it rounds once, chapter 7's `_native`;
@@ -459,9 +458,7 @@ def inspect_kernels(ms=INSPECT_M, hidden_size: int = 7168,
     _check_positive("hidden_size", hidden_size)
     _check_positive("intermediate_size", intermediate_size)
     _check_positive("sms", sms)
-    if arch not in SHARED_MEM_LIMITS:
-        raise ValueError(f"arch: expected one of {sorted(SHARED_MEM_LIMITS)}, "
-                         f"got {arch!r}")
+    gpus.family(arch)                   # a one-line error for an unknown family
     return compile_in_child(
         "kimi_mlp.codegen:_worker", ["--m", ",".join(map(str, ms or ())),
                                      "--workloads", ",".join(workloads),
@@ -791,6 +788,14 @@ def _workloads(text: str) -> tuple[str, ...]:
     return names
 
 # %% ../book/appendix_d_codegen.ipynb #7b41be84
+def _target(text: str):
+    "--arch: a GPU family by its `ptxas` name, as argparse's type (a usage error)."
+    try:
+        return gpus.by_target(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("target: ")) from None
+
+
 def _inspect_parser():
     "The options of `python -m kimi_mlp inspect`."
     from kimi_mlp.cli import WIDTH, _Parser, int_in
@@ -799,8 +804,9 @@ def _inspect_parser():
         description="Compile the fused FFN block's Triton kernels for a GPU family "
                     "(Turing sm_75 to Blackwell sm_100 and sm_120), no GPU needed, and "
                     "print what the compiler made of it.")
-    p.add_argument("--arch", choices=tuple(TARGETS), default="sm_90a",
-                   help="the target (default sm_90a; ptxas gets sm_100a, sm_120a)")
+    p.add_argument("--arch", type=_target, default=gpus.family(90),
+                   help="the target, one of " + ", ".join(targets())
+                        + " (default sm_90a; sm_100 and sm_120 name sm_100a, sm_120a)")
     p.add_argument("--workload", type=_workloads, default=("block",),
                    help="what to compile, comma-separated from "
                         f"{','.join(WORKLOADS)} (default block)")
@@ -812,7 +818,7 @@ def _inspect_parser():
                    help="print the PTX around each variant's first matrix instruction")
     p.add_argument("--sms", type=int_in(1, 4096), default=None,
                    help=f"SM count split-K plans for (default: the target's in "
-                        f"TARGETS, {H200_SMS} for sm_90a, an H200)")
+                        f"appendix G's registry, {H200_SMS} for sm_90a, an H200)")
     p.add_argument("--hidden-size", type=WIDTH, default=7168,
                    help="from 128 (default 7168); any width, a partial last block "
                         "is masked")
@@ -827,7 +833,7 @@ def main(argv=None) -> int:
     from kimi_mlp.cli import Progress, _line, needs
     a = _inspect_parser().parse_args(argv)
     needs("triton")                      # here: the compiling process imports it too
-    arch, sms = TARGETS[a.arch]
+    arch, sms = a.arch.arch, gpus.default_gpu(a.arch.arch).sms
     steps = sum(len(a.m or WORKLOADS[name][1]) for name in a.workload)
     try:
         with Progress("inspect", steps) as step:
@@ -847,11 +853,11 @@ def main(argv=None) -> int:
     if a.json is not None:
         a.json.write_text(json.dumps(report, indent=1))
         print(f"wrote {a.json}")
-    limit = SHARED_MEM_LIMITS[arch]
+    limit = a.arch.shared_per_block
     over = [v for v in report["variants"] if v["shared"] > limit]
     for v in over:
         print(f"{short_name(v['kernel'])}: {v['shared']} bytes of shared memory, more "
-              f"than the {limit} a block may use on {a.arch}", file=sys.stderr)
+              f"than the {limit} a block may use on {a.arch.target}", file=sys.stderr)
     for v in report["variants"]:
         if v["spill_stores"] or v["spill_loads"]:
             print(f"{short_name(v['kernel'])} {_tile(v['constexprs'])}: spills "

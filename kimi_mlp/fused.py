@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from . import kernels  # imported first: turns on TRITON_INTERPRET without a GPU
+from . import gpus     # appendix G: the GPU families
 from .block import ResidualBlock
 from .fp8 import (FP8_DTYPE, INT_OF_WIDTH, Fp8DenseMLP,
                           quantize_activation, quantize_weight_blockwise)
@@ -351,7 +352,7 @@ def _choose_mode(device: torch.device, mode=None, act_dtype=None) -> tuple:
         raise ValueError(f"act_dtype: expected None, torch.bfloat16 or torch.float16, "
                          f"got {act_dtype!r}")
     arch = kernels.device_arch(device)
-    no_e4m3 = arch in kernels.W8A16_ARCHS
+    no_e4m3 = not gpus.family(arch).e4m3
     mode = mode or ("w8a16" if no_e4m3 or act_dtype is not None else "w8a8")
     if mode == "w8a8" and no_e4m3:
         raise RuntimeError(f"mode: 'w8a8' needs an e4m3 type (compute capability 8.9 "

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from kimi_mlp import (
     kernels,
 )  # imported first: turns on TRITON_INTERPRET when there is no GPU
+from . import gpus
 from .bench import BENCH_M, HIDDEN, INTERMEDIATE, check_targets
 from .checkpoint import relative_error
 from .fp8 import quantize_activation
@@ -164,7 +165,7 @@ def make_providers(block, names=tuple(PROVIDERS), w_bf16: dict | None = None,
     act_quant, act_desc = _act_quant()
     mode, dtype = _choose_mode(device, path)
     short = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-    no_e4m3 = kernels.device_arch(device) in kernels.W8A16_ARCHS   # the GPU's family
+    no_e4m3 = not gpus.family(kernels.device_arch(device)).e4m3   # the GPU's family
     out = {}
     for name in names:
         if name not in PROVIDERS:

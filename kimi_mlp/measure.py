@@ -13,10 +13,11 @@ import torch
 
 # Nothing here imports kimi_mlp.kernels (or Triton) at import time: `book_mode` must
 # be able to choose the interpreter before the kernels are defined.
+from . import gpus     # appendix G: the GPU families (imports no kernels)
 from .fp8 import FP8_TENSOR_CORES
 
-#: The oldest GPU Triton's `tl.dot` serves (Turing), as chapter 7's `arch_family` says.
-TRITON_DOT_MIN = (7, 5)
+#: The oldest GPU Triton's `tl.dot` serves (Turing): appendix G's `gpus.OLDEST`.
+TRITON_DOT_MIN = gpus.OLDEST
 
 # %% auto #0
 __all__ = ['TRITON_DOT_MIN', 'GRAPH_MAX_M', 'BookMode', 'book_mode', 'gpu_refusal', 'poisoned_allocations', 'time_ms',
@@ -130,7 +131,7 @@ def gpu_refusal(device: torch.device, fp8: bool = True) -> str | None:
         arch = kernels.device_arch(device)
     except RuntimeError as e:
         return str(e)
-    if fp8 and arch in kernels.W8A16_ARCHS:
+    if fp8 and not gpus.family(arch).e4m3:
         name = torch.cuda.get_device_name(device)
         cap = torch.cuda.get_device_capability(device)
         return (f"{name} ({device}) has compute capability {cap[0]}.{cap[1]} and no "

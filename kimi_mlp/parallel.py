@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from . import kernels  # imported first: the interpreter when there is no GPU
+from . import gpus     # appendix G: the GPU families
 from .checkpoint import (SCALE_RANGE, _check_layer, _check_nan_codes,
                                  _check_values, _empty_bytes,
                                  _norm_dtype, _readinto_exactly, _tensor_entry,
@@ -625,7 +626,7 @@ def _check_impl(impl: str, device: torch.device) -> None:
     """`--impl fused` runs chapter 8's FP8 kernels: a GPU without an e4m3 type (below
     compute capability 8.9) is refused in one line, before any weight is read."""
     if impl == "fused" and device.type == "cuda" \
-            and kernels.device_arch(device) in kernels.W8A16_ARCHS:
+            and not gpus.family(kernels.device_arch(device)).e4m3:
         cap = ".".join(map(str, torch.cuda.get_device_capability(device)))
         raise ValueError(f"--impl: expected 'torch' on this GPU, got 'fused': "
                          f"{torch.cuda.get_device_name(device)} ({device}) has compute "

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from . import kernels   # imported first: the interpreter when there is no GPU
+from . import gpus
 from .bench import HIDDEN, INTERMEDIATE
 from .checkpoint import relative_error
 from .fp8 import quantize_activation, quantize_weight_blockwise
@@ -32,12 +33,12 @@ TUNE_M = {16: 16, 32: 32, 64: 64, 256: 256, None: 4096}
 
 def tile_candidates(kind: str, bound, arch: int = 90) -> list[dict]:
     """The rows `tune` times for one bucket of the GPU family's table (chapter 7's
-    `ARCH_TILES`): the table's own first, then one step from it (warps 4 <-> 8, one
+    `family_tiles`): the table's own first, then one step from it (warps 4 <-> 8, one
     pipeline stage more or fewer, on Hopper the activation's TMA flipped, the token tile
     doubled or halved) and, at decode (up to 32 tokens), the split forced to 1, 2, 4, 8
     or 16 slices. Deduplicated, in that order."""
-    base = dict(next(row for b, row in kernels.ARCH_TILES[arch][kind] if b == bound))
-    bm, stages, hopper = base["BLOCK_M"], base["num_stages"], arch in kernels.TMA_ARCHS
+    base = dict(next(row for b, row in kernels.family_tiles(arch)[kind] if b == bound))
+    bm, stages, hopper = base["BLOCK_M"], base["num_stages"], gpus.family(arch).tma
     low, high = (16, 64) if base["SWAP"] or not hopper else (64, 128)
     steps = [dict(num_warps=12 - base["num_warps"]), dict(num_stages=stages + 1),
              dict(num_stages=max(2, stages - 1)),
@@ -74,7 +75,7 @@ def _tune_launch(kind: str, x, ws, row: dict, sms: int, arch: int = 90):
     if any, forced), and the output it writes: bf16 [m, n], or the gated product's e4m3
     codes and scales. A split launch's arrival counters are allocated (zeroed) once,
     here, as the fused module keeps them: the call launches the GEMM alone."""
-    if arch in kernels.W8A16_ARCHS:
+    if not gpus.family(arch).e4m3:
         return _tune_w8a16_launch(kind, x, ws, row, sms, arch)
     (a, a_s), (m, k), n = x, x[0].shape, ws[0][0].shape[0]
     table = {("gate_up" if kind == "gate_up" else "gemm", n, k): ((None, row),)}
@@ -125,7 +126,7 @@ def tune_bucket(kind: str, bound, device, sms: int, rep_ms: int = 50,
     `median_us` of the winner and `default_us` of the table's own row."""
     n, k = n_k or TUNE_SHAPES[kind]
     m = m or TUNE_M[bound]
-    dtype = (None if arch not in kernels.W8A16_ARCHS    # W8A16: fp16 on Turing
+    dtype = (None if gpus.family(arch).e4m3    # W8A16: fp16 on Turing
              else torch.float16 if arch == 75 else torch.bfloat16)
     x, ws = _tune_operands(kind, m, n, k, device, dtype)
     best, ref, results = None, None, []
@@ -163,7 +164,7 @@ def tune(budget_s: float = 300, rep_ms: int = 50, git_commit: str | None = None,
     device, t0 = torch.device("cuda"), time.perf_counter()
     sms, arch = kernels.device_sms(device), kernels.device_arch(device)
     buckets = [(kind, bound, row) for kind in TUNE_SHAPES
-               for bound, row in kernels.ARCH_TILES[arch][kind]]
+               for bound, row in kernels.family_tiles(arch)[kind]]
     rows = [{"kind": kind, "n": TUNE_SHAPES[kind][0], "k": TUNE_SHAPES[kind][1],
              "m_max": bound, "tuned": False, "config": dict(row)}
             for kind, bound, row in buckets]

@@ -248,9 +248,9 @@ def test_pad_rows_for_cublas_scales():
     assert harness.pad_rows(same, torch.rand(8, 2))[0] is same
 
 
-# --- the per-GPU datasheet ceilings (chapter 9's floors on other GPUs) ---------------------
+# --- the per-GPU datasheet figures (appendix G's registry; chapter 9's floors on other GPUs) ---------------------
 
-GPU_CEILINGS = Path(__file__).resolve().parent.parent / "book" / "data" / "gpu_ceilings.json"
+RATE_KEYS = ("bf16_flop_per_s", "fp16_flop_per_s", "fp8_flop_per_s", "fp32_flop_per_s")
 
 
 def _in_words(x: float, unit: float, text: str) -> bool:
@@ -258,12 +258,12 @@ def _in_words(x: float, unit: float, text: str) -> bool:
     return f"{x / unit:,g}" in text
 
 
-def test_the_stored_gpu_ceilings_are_datasheet_figures_with_sources():
-    gpus = {g["name"]: g for g in B.load_gpu_ceilings(GPU_CEILINGS)}
+def test_the_registrys_gpus_are_datasheet_figures_with_sources():
+    gpus = {g["name"]: g for g in B.datasheet_gpus()}
     assert set(gpus) >= {"T4", "A10G", "A100 40GB", "A100 80GB", "L4", "L40S",
                          "RTX 4090", "H100 SXM", "H200", "B200"}
     for g in gpus.values():
-        assert g["status"] == "datasheet" and g["source"].startswith("NVIDIA")
+        assert g["source"].startswith("NVIDIA")
         assert g["url"].startswith("https://") and "nvidia.com" in g["url"]
         # the floor moves the 396,361,728 weight bytes and little else (scales, gain, h)
         moved = B.decode_floor_s(1, g["hbm_bytes_per_s"]) * g["hbm_bytes_per_s"]
@@ -271,7 +271,7 @@ def test_the_stored_gpu_ceilings_are_datasheet_figures_with_sources():
         # every stored figure is written in its source's words (GB/s, TB/s; TFLOPS, PFLOPS)
         bw = g["hbm_bytes_per_s"]
         assert _in_words(bw, 1e9, g["source"]) or _in_words(bw, 1e12, g["source"]), g["name"]
-        for key in B.RATE_KEYS:
+        for key in RATE_KEYS:
             if g[key] is not None:
                 assert _in_words(g[key], 1e12, g["source"]) or _in_words(
                     g[key], 1e15, g["source"]), (g["name"], key)
@@ -280,57 +280,25 @@ def test_the_stored_gpu_ceilings_are_datasheet_figures_with_sources():
         if g["fp8_flop_per_s"] and g["bf16_flop_per_s"]:
             assert g["fp8_flop_per_s"] / g["bf16_flop_per_s"] == pytest.approx(2, rel=0.03)
     # FP8 tensor cores exactly where the kernels take the W8A8 path (sm_89 on); the rate
-    # the kernels use is stored for every GPU but the A10G
+    # the kernels use is stored for every GPU but the A10G and the RTX 5090
+    no_rate = {"A10G", "RTX 5090"}
     for g in gpus.values():
-        path, key = B.KERNEL_RATE[g["arch"]]
-        assert (g["fp8_flop_per_s"] is not None) == (path == "w8a8") or g["name"] == "A10G"
-        assert (g[key] is None) == (g["name"] == "A10G"), g["name"]
+        path, key = g["mode"], g["rate_key"]
+        assert (g["fp8_flop_per_s"] is not None) == (path == "w8a8") or g["name"] in no_rate
+        assert (g[key] is None) == (g["name"] in no_rate), g["name"]
     t4 = gpus["T4"]
     assert t4["bf16_flop_per_s"] is None and "no bf16" in t4["note"]
     assert t4["fp16_flop_per_s"] == 65e12 and t4["fp32_flop_per_s"] == 8.1e12
     # the A10G has no NVIDIA datasheet of its own: no rate is stored, and the note says why
     a10g = gpus["A10G"]
-    assert all(a10g[k] is None for k in B.RATE_KEYS) and "no NVIDIA" in a10g["note"]
+    assert all(a10g[k] is None for k in RATE_KEYS) and "no NVIDIA" in a10g["note"]
     # the torch names that match a benchmark record to its entry are distinct
     names = [n.lower() for g in gpus.values() for n in g["device_names"]]
     assert len(names) == len(set(names))
 
 
-@pytest.mark.parametrize("change, match", [
-    (lambda d: d.update(schema="other/1"), "schema: expected 'kimi-mlp-gpu-ceilings/2'"),
-    (lambda d: d.update(gpus=[]), "gpus: expected a non-empty list"),
-    (lambda d: d.update(extra=1), r"keys: expected \['gpus', 'note', 'schema'\]"),
-    (lambda d: d.update(note=""), "note: expected a non-empty string"),
-    (lambda d: d["gpus"].append([]), r"gpus\[10\]: expected an object, got 'list'"),
-    (lambda d: d["gpus"][1].update(hbm_bytes_per_s=0),
-     r"gpus\[1\].hbm_bytes_per_s: expected a positive number, got 0"),
-    (lambda d: d["gpus"][1].update(hbm_bytes_per_s=None),
-     r"gpus\[1\].hbm_bytes_per_s: expected a positive number, got None"),
-    (lambda d: d["gpus"][0].pop("source"), r"gpus\[0\].source: expected a non-empty string"),
-    (lambda d: d["gpus"][0].update(note=" "), r"gpus\[0\].note: expected a non-empty string"),
-    (lambda d: d["gpus"][2].update(arch="sm_70"), r"gpus\[2\].arch: expected one of \['sm_75'"),
-    (lambda d: d["gpus"][2].update(url="www.nvidia.com"),
-     r"gpus\[2\].url: expected an https:// address, got 'www.nvidia.com'"),
-    (lambda d: d["gpus"][3].update(device_names=[]), r"gpus\[3\].device_names: expected a non"),
-    (lambda d: d["gpus"][3].update(device_names="NVIDIA L4"), r"device_names: expected a non"),
-    (lambda d: d["gpus"][4].update(fp8_flop_per_s=-1.0),
-     r"gpus\[4\].fp8_flop_per_s: expected a positive number or null, got -1.0"),
-    (lambda d: d["gpus"][4].update(bf16_flop_per_s=True), r"bf16_flop_per_s: expected a positive"),
-    (lambda d: d["gpus"][4].pop("fp16_flop_per_s"),
-     r"gpus\[4\].fp16_flop_per_s: expected a positive number or null, got 'missing'"),
-    (lambda d: d["gpus"][5].update(fp8_tflops=733), r"gpus\[5\]: expected keys from .*'fp8_tflops'"),
-])
-def test_gpu_ceilings_refuse_a_bad_file(tmp_path, change, match):
-    d = json.loads(GPU_CEILINGS.read_text())
-    change(d)
-    path = tmp_path / "gpu_ceilings.json"
-    path.write_text(json.dumps(d))
-    with pytest.raises(ValueError, match=match):
-        B.load_gpu_ceilings(path)
-
-
 def test_floors_per_gpu_use_the_kernels_matrix_unit():
-    gpus = {g["name"]: g for g in B.load_gpu_ceilings(GPU_CEILINGS)}
+    gpus = {g["name"]: g for g in B.datasheet_gpus()}
     t4, a100, h200, a10g = (gpus[n] for n in ("T4", "A100 80GB", "H200", "A10G"))
     for m in (1, 16, 4096):      # the FLOP of chapter 8's three launches: 2 M (3 d F)
         assert sum(c["flop"] for c in FU.fused_launch_costs(m)) == B.ffn_flop(m)
@@ -348,7 +316,7 @@ def test_floors_per_gpu_use_the_kernels_matrix_unit():
     assert B.gpu_floor_s(t4, 12) == B.decode_floor_s(12, 320e9)
     assert B.gpu_floor_s(t4, 13) == B.prefill_floor_s(t4, 13)
     with pytest.raises(KeyError):
-        B.prefill_floor_s(dict(t4, arch="sm_70"), 1)
+        B.prefill_floor_s(dict(t4, rate_key="fp4_flop_per_s"), 1)
 
 
 # --- targets 6 to 8 (the W8A16 path) on SYNTHETIC records: invented times, never stored -------
@@ -358,7 +326,7 @@ def w8a16_record(fused_us=None, bf16_ratio=2.0, unfused_ratio=1.1, gpu="NVIDIA A
     """A made-up bench record of the W8A16 path (kind "synthetic-test"): the fused time at
     each M is the given multiple of the A100 80GB's datasheet floor (default 1.2x), torch_bf16
     and unfused_w8a16 slower by the given ratios. The numbers mean nothing."""
-    a100 = {g["name"]: g for g in B.load_gpu_ceilings(GPU_CEILINGS)}["A100 80GB"]
+    a100 = {g["name"]: g for g in B.datasheet_gpus()}["A100 80GB"]
     fused_us = fused_us or {m: 1.2 * B.gpu_floor_s(a100, m) * 1e6 for m in ms}
     p = B.W8A16_PROVIDERS
     times = {p["fused"]: fused_us,
@@ -377,7 +345,7 @@ def w8a16_record(fused_us=None, bf16_ratio=2.0, unfused_ratio=1.1, gpu="NVIDIA A
 
 
 def _verdicts(record):
-    gpus = B.load_gpu_ceilings(GPU_CEILINGS)
+    gpus = B.datasheet_gpus()
     return [t["verdict"] for t in B.w8a16_targets(record, gpus)]
 
 
@@ -389,7 +357,7 @@ def test_w8a16_path_from_the_record_or_its_compute_capability():
     # the W8A16 kernels on an H200 count when the record says so
     assert B.fused_path(w8a16_record(capability="9.0", path="w8a16")) == "w8a16"
     assert B.fused_path(fake_record()) is None        # no capability, no path: not judged
-    gpus = B.load_gpu_ceilings(GPU_CEILINGS)
+    gpus = B.datasheet_gpus()
     assert B.find_gpu(gpus, "Tesla T4")["name"] == "T4"
     assert B.find_gpu(gpus, " nvidia a100-sxm4-80gb ")["name"] == "A100 80GB"
     assert B.find_gpu(gpus, "NVIDIA A100 80GB PCIe") is None   # another bandwidth: no entry
@@ -397,12 +365,12 @@ def test_w8a16_path_from_the_record_or_its_compute_capability():
 
 
 def test_w8a16_targets_met_and_missed():
-    met = B.w8a16_targets(w8a16_record(), B.load_gpu_ceilings(GPU_CEILINGS))
+    met = B.w8a16_targets(w8a16_record(), B.datasheet_gpus())
     assert [t["verdict"] for t in met] == ["met", "met", "met"]
     assert met[0]["worst"] == pytest.approx(1.2)      # every M at 1.2x its floor (decode M)
     assert met[1]["worst"] == pytest.approx(2.0) and met[2]["worst"] == pytest.approx(1.1)
     # 1.35x the floor at one decode M: target 6 missed, by the worst M
-    a100 = B.find_gpu(B.load_gpu_ceilings(GPU_CEILINGS), "NVIDIA A100-SXM4-80GB")
+    a100 = B.find_gpu(B.datasheet_gpus(), "NVIDIA A100-SXM4-80GB")
     slow = {m: (1.35 if m == 4 else 1.0) * B.decode_floor_s(m, a100["hbm_bytes_per_s"]) * 1e6
             for m in (1, 4, 16)}
     assert _verdicts(w8a16_record(fused_us=slow))[0] == "missed"
@@ -435,7 +403,7 @@ def test_w8a16_targets_without_the_measurements_they_need():
         if x["provider"] == "torch_bf16" and x["m"] == 16:
             x["ok"] = False
     assert _verdicts(r)[1] == "no measurement stored"
-    # a GPU with no entry in gpu_ceilings.json: target 6 says so instead of guessing
+    # a GPU with no datasheet entry in the registry: target 6 says so instead of guessing
     v = _verdicts(w8a16_record(gpu="NVIDIA A100 80GB PCIe"))
-    assert v[0] == "not judged: no gpu_ceilings.json entry for 'NVIDIA A100 80GB PCIe'"
+    assert v[0] == "not judged: no datasheet entry for 'NVIDIA A100 80GB PCIe'"
     assert v[1:] == ["met", "met"]

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from kimi_mlp import codegen, kernels
+from kimi_mlp import codegen, gpus, kernels
 from kimi_mlp.codegen import (INSPECT_M, SHARED_MEM_LIMIT, format_table,
                               matrix_instructions, matrix_summary, parse_ptxas,
                               ptx_excerpt, shared_buffers)
@@ -232,7 +232,7 @@ def test_every_gpu_check_and_benchmark_variant_compiles_without_spills(tmp_path,
     res = subprocess.run(cmd, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-4000:]
     report = json.loads(path.read_text())
-    family = codegen.TARGETS[arch][0]
+    family = gpus.by_target(arch).arch
     assert report["target"] == arch and report["arch"] == family
     assert {x["workload"] for v in report["variants"] for x in v["launches"]} == {
         "gpucheck", "bench"}
@@ -243,7 +243,7 @@ def test_every_gpu_check_and_benchmark_variant_compiles_without_spills(tmp_path,
     for v in report["variants"]:
         name = (v["kernel"], v["constexprs"])
         assert v["spill_stores"] == v["spill_loads"] == 0, name
-        assert v["shared"] <= codegen.SHARED_MEM_LIMITS[family], name
+        assert v["shared"] <= gpus.family(family).shared_per_block, name
         # NATIVE launches only where the probe found one rounding, and then they
         # convert with it; the integer roundings leave no e4m3 conversion at all
         cvt = v["matrix"]["conversions"]["cvt.rn.satfinite.e4m3x2.f32"]
@@ -261,7 +261,7 @@ def test_every_gpu_check_and_benchmark_variant_compiles_without_spills(tmp_path,
             # chapter 7's `regs` column holds for every launch, not only the block's
             kind = "gate_up" if v["kernel"].startswith("_gate") else "gemm"
             c = v["constexprs"]
-            same = [r["regs"] for _, r in kernels.ARCH_TILES[family][kind]
+            same = [r["regs"] for _, r in kernels.family_tiles(family)[kind]
                     if (r["SWAP"], r["BLOCK_M"], r["num_warps"], r["num_stages"])
                     == (c["SWAP"], c["BLOCK_M"], v["num_warps"], v["num_stages"])]
             assert same and v["registers"] <= max(same), (name, v["registers"], same)
@@ -343,15 +343,15 @@ def test_every_gpu_family_compiles_the_block_without_spills(tmp_path, arch,
     assert res.returncode == 0, res.stderr[-4000:]
     assert "spills" not in res.stderr, res.stderr[-2000:]
     report = json.loads(path.read_text())
-    family = codegen.TARGETS[arch][0]
+    family = gpus.by_target(arch).arch
     assert report["target"] == codegen.target_name(family) and report["arch"] == family
     assert report["ms"] == list(FAMILY_M)
-    assert (report["native_e4m3"] is None) == (family in kernels.W8A16_ARCHS)
+    assert (report["native_e4m3"] is None) == (not gpus.family(family).e4m3)
     seen = set()
     for v in report["variants"]:
         name = (v["kernel"], v["constexprs"], v["num_warps"], v["num_stages"])
         assert v["spill_stores"] == v["spill_loads"] == 0, name
-        assert v["shared"] <= codegen.SHARED_MEM_LIMITS[family], name
+        assert v["shared"] <= gpus.family(family).shared_per_block, name
         kind = next((k for k, ks in FAMILY_GEMMS.items() if v["kernel"] in ks), None)
         if kind is None:
             assert v["matrix"]["kind"] is None, name

@@ -21,7 +21,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kimi_mlp import fused as FU
-from kimi_mlp import gpu_check, harness, kernels, measure, provenance, report, tiles, tune
+from kimi_mlp import gpu_check, gpus, harness, kernels, measure, provenance, report, tiles, tune
 from kimi_mlp.fused import FusedFp8DenseMLP, random_dense_block
 
 H200 = {"name": "NVIDIA H200", "capability": (9, 0), "sms": 132}
@@ -100,7 +100,7 @@ def test_each_compute_capability_has_its_family():
                 (10, 0): 100, (12, 0): 120, (12, 1): 120}
     assert {cap: kernels.arch_family(cap) for cap in families} == families
     for family in set(families.values()):
-        assert family in kernels.ARCH_TILES and family in kernels.SM_SHARED
+        assert kernels.family_tiles(family) and gpus.family(family).shared_per_sm
     with pytest.raises(RuntimeError, match=r"compute capability 7\.0: these kernels "
                        r"need 7\.5 or more") as e:
         kernels.arch_family((7, 0))
@@ -346,7 +346,7 @@ def test_tune_writes_its_table_after_every_bucket(fake_gpu, monkeypatch, tmp_pat
             raise Killed
         done.append((kind, bound))
         n, k = tune.TUNE_SHAPES[kind]
-        row = dict(kernels.ARCH_TILES[arch][kind][0][1], num_stages=2)
+        row = dict(kernels.family_tiles(arch)[kind][0][1], num_stages=2)
         return {"kind": kind, "n": n, "k": k, "m_max": bound, "m_timed": 16,
                 "tuned": True, "median_us": 1.0, "default_us": 1.0, "candidates": 1,
                 "config": row}

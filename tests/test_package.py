@@ -95,8 +95,9 @@ def test_the_import_graph_has_no_cycle():
 
 #: The teaching modules in the order of their chapters, with the modules they rest on
 #: first (appendix A's reader; appendix C's tile tables and its adapter to Triton's
-#: internals), and appendix B's command line, which chapter 10's command extends.
-TEACHING = ("safetensors_io", "tiles", "triton_adapter", "config", "rmsnorm", "block", "swiglu", "fp8",
+#: internals; appendix G's registry of GPU families), and appendix B's command line,
+#: which chapter 10's command extends.
+TEACHING = ("safetensors_io", "tiles", "triton_adapter", "gpus", "config", "rmsnorm", "block", "swiglu", "fp8",
             "checkpoint", "cli", "kernels", "fused", "bench", "parallel", "hf")
 
 

@@ -127,7 +127,7 @@ def test_tune_sweeps_the_w8a16_kernels_on_their_families(tmp_path, arch):
     (bf16, or fp16 on Turing; untimed here, through the interpreter), and the winning
     row is a valid tile file's."""
     cands = tune.tile_candidates("gate_up", None, arch)
-    assert cands[0] == dict(kernels.ARCH_TILES[arch]["gate_up"][-1][1])
+    assert cands[0] == dict(kernels.family_tiles(arch)["gate_up"][-1][1])
     assert {c["SUB_K"] for c in cands} > {cands[0]["SUB_K"]}
     assert {c["BLOCK_N"] for c in cands} == {64, 128}
     for kind in ("gate_up", "gemm"):
