@@ -36,9 +36,9 @@ def test_import_needs_no_authoring_tools():
                     raise ImportError("blocked for this test: " + name)
         sys.meta_path.insert(0, Block())
         import pkgutil, kimi_mlp
-        for m in pkgutil.iter_modules(kimi_mlp.__path__):
-            if m.name not in ("__main__",):
-                importlib.import_module("kimi_mlp." + m.name)
+        for m in pkgutil.walk_packages(kimi_mlp.__path__, "kimi_mlp."):
+            if not m.name.endswith(".__main__"):
+                importlib.import_module(m.name)
         print("ok")
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -50,32 +50,60 @@ def test_public_api():
     assert not missing, f"kimi_mlp does not export {missing}"
 
 
-def _imported_modules(path: Path, package: set[str]) -> set[str]:
-    "The package's modules `path` imports, anywhere in it (inside functions too)."
+def _modules(root: Path) -> dict[str, Path]:
+    """The package's modules by dotted name relative to it, subpackages included
+    (`kernels.gemm` for kimi_mlp/kernels/gemm.py), without `__init__` and `__main__`."""
+    out = {}
+    for p in sorted(root.rglob("*.py")):
+        parts = p.relative_to(root).with_suffix("").parts
+        if parts[-1] not in ("__init__", "__main__"):
+            out[".".join(parts)] = p
+    return out
+
+
+def _resolve(name: str, package: set[str]) -> str | None:
+    "The package module a dotted name (relative to kimi_mlp) lies in: its longest prefix."
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in package:
+            return ".".join(parts[:n])
+    return None
+
+
+def _imported_modules(path: Path, package: set[str], root: Path | None = None) -> set[str]:
+    """The package's modules `path` imports, anywhere in it (inside functions too), by
+    their dotted names relative to the package (`root`: the package's folder)."""
     import ast
-    out = set()
+    root = root or path.parent
+    here = list(path.relative_to(root).with_suffix("").parts[:-1])   # its subpackage
+    names = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
-            out |= {a.name.split(".")[1] for a in node.names
-                    if a.name.startswith("kimi_mlp.")}
+            names += [a.name[len("kimi_mlp."):] for a in node.names
+                      if a.name.startswith("kimi_mlp.")]
         elif isinstance(node, ast.ImportFrom):
             mod = node.module or ""
-            if node.level == 1 and mod:
-                out.add(mod.split(".")[0])
-            elif node.level == 1 or mod == "kimi_mlp":
-                out |= {a.name for a in node.names}
-            elif mod.startswith("kimi_mlp."):
-                out.add(mod.split(".")[1])
-    return (out & package) - {path.stem}
+            if node.level:
+                base = here[:len(here) - node.level + 1] if node.level > 1 else here
+                mod = ".".join(base + ([mod] if mod else []))
+            elif mod == "kimi_mlp" or mod.startswith("kimi_mlp."):
+                mod = mod[len("kimi_mlp."):]
+            else:
+                continue
+            names += [f"{mod}.{a.name}" if mod else a.name for a in node.names]
+            names.append(mod)
+    me = ".".join(path.relative_to(root).with_suffix("").parts)
+    return {m for m in (_resolve(n, package) for n in names if n) if m} - {me}
 
 
 def test_the_import_graph_has_no_cycle():
     """Modules import only downward: chapters from earlier chapters, appendices from the
     chapters, never the other way round, counting imports inside functions as well (a
-    cycle there breaks the first call that takes it, which may be a GPU's)."""
+    cycle there breaks the first call that takes it, which may be a GPU's). Modules in
+    subpackages are counted under their dotted names."""
     root = Path(kimi_mlp.__file__).resolve().parent
-    files = {p.stem: p for p in root.glob("*.py") if p.stem not in ("__init__", "__main__")}
-    edges = {m: _imported_modules(p, set(files)) for m, p in files.items()}
+    files = _modules(root)
+    edges = {m: _imported_modules(p, set(files), root) for m, p in files.items()}
     state, cycles = {}, []
 
     def visit(m, path):
@@ -93,6 +121,22 @@ def test_the_import_graph_has_no_cycle():
     assert not cycles, cycles
 
 
+def test_the_import_graph_reads_subpackages(tmp_path):
+    "The graph's reader resolves absolute, relative and dotted imports in subpackages."
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "gemm.py").write_text(
+        "from ..tiles import x\nfrom . import act\nimport kimi_mlp.config\n"
+        "def f():\n    from kimi_mlp.kernels.act import y\n")
+    (tmp_path / "kernels" / "act.py").write_text("")
+    (tmp_path / "tiles.py").write_text("from .kernels import gemm\n")
+    (tmp_path / "config.py").write_text("")
+    files = _modules(tmp_path)
+    assert set(files) == {"kernels.gemm", "kernels.act", "tiles", "config"}
+    assert _imported_modules(files["kernels.gemm"], set(files), tmp_path) == {
+        "tiles", "kernels.act", "config"}
+    assert _imported_modules(files["tiles"], set(files), tmp_path) == {"kernels.gemm"}
+
+
 #: The teaching modules in the order of their chapters, with the modules they rest on
 #: first (appendix A's reader; appendix C's tile tables and its adapter to Triton's
 #: internals; appendix G's registry of GPU families), and appendix B's command line,
@@ -106,11 +150,11 @@ def test_teaching_modules_import_only_earlier_chapters():
     modules below them), never the measuring and benchmarking code of appendices C-E,
     inside functions included."""
     root = Path(kimi_mlp.__file__).resolve().parent
-    package = {p.stem for p in root.glob("*.py")}
+    files = _modules(root)
     upward = []
     for i, m in enumerate(TEACHING):
         allowed = set(TEACHING[:i])
-        for n in sorted(_imported_modules(root / f"{m}.py", package) - allowed - {m}):
+        for n in sorted(_imported_modules(files[m], set(files), root) - allowed - {m}):
             upward.append(f"{m} imports {n}")
     assert not upward, upward
 
