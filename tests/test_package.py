@@ -1,8 +1,11 @@
 """The package installs and imports with its runtime dependencies alone."""
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+import pytest
 
 import kimi_mlp
 
@@ -176,3 +179,71 @@ def test_no_harness_function_is_longer_than_about_sixty_lines():
                 if n > 65:
                     long.append(f"{m}.{node.name}: {n} lines")
     assert not long, long
+
+
+#: Imports every module of the installed package (subpackages included) and prints where
+#: kimi_mlp came from; run by the wheel's own virtual environment, outside the tree.
+_IMPORT_ALL = """
+import importlib, pkgutil, sys, kimi_mlp
+for m in pkgutil.walk_packages(kimi_mlp.__path__, "kimi_mlp."):
+    if not m.name.endswith(".__main__"):
+        importlib.import_module(m.name)
+print(kimi_mlp.__file__)
+print(sorted(n for n in sys.modules if n.startswith("kimi_mlp.")))
+"""
+
+
+@pytest.mark.slow
+def test_the_wheel_installs_every_module(tmp_path):
+    """The wheel built from this tree, installed with --no-deps into a fresh virtual
+    environment (system site-packages for torch and the rest; no network: --no-index),
+    imports every module of the tree's package from a folder outside the tree, from the
+    environment's copy, and carries the package data (configs/*.json)."""
+    import ast
+    import os
+    import venv
+    import zipfile
+
+    root = Path(__file__).resolve().parent.parent
+    src = tmp_path / "src"          # a copy: the build writes build/ and egg-info beside it
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(root / name, src / name)
+    shutil.copytree(root / "kimi_mlp", src / "kimi_mlp",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_INDEX_URL")}
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    pip = [sys.executable, "-m", "pip"]
+    subprocess.run(pip + ["wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+                          "-w", str(tmp_path / "dist"), str(src)],
+                   check=True, capture_output=True, text=True, env=env, timeout=300)
+    (wheel,) = (tmp_path / "dist").glob("kimi_mlp-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tree = sorted(p.relative_to(root).as_posix() for p in (root / "kimi_mlp").rglob("*")
+                  if p.suffix == ".py" or (p.suffix == ".json" and p.parent.name == "configs"))
+    assert not set(tree) - set(names), f"left out of the wheel: {set(tree) - set(names)}"
+
+    venv.create(tmp_path / "venv", system_site_packages=True, with_pip=False)
+    python = tmp_path / "venv" / "bin" / "python"
+    # The base Python's site-packages come with system_site_packages; torch and the rest
+    # live in this (virtual) environment's, which a .pth line appends after the new one's.
+    # A plain line runs none of the .pth files there (an editable install of kimi_mlp).
+    (site,) = (tmp_path / "venv" / "lib").glob("python*/site-packages")
+    ours = [p for p in sys.path if p.endswith("site-packages") and Path(p).is_dir()]
+    (site / "outer_environment.pth").write_text("\n".join(ours) + "\n")
+    # This pip installs into the new environment (`--python`): no ensurepip there.
+    subprocess.run(pip + ["--python", str(python), "install", "--no-deps", "--no-index",
+                          "-q", str(wheel)],
+                   check=True, capture_output=True, text=True, env=env, timeout=300)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    run = subprocess.run([str(python), "-c", _IMPORT_ALL], cwd=outside, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    where, imported = run.stdout.splitlines()[-2:]
+    assert Path(where).resolve().is_relative_to((tmp_path / "venv").resolve()), where
+    expected = {".".join(Path(n).with_suffix("").parts) for n in tree if n.endswith(".py")}
+    expected -= {"kimi_mlp.__init__", "kimi_mlp.__main__"}
+    expected = {n.removesuffix(".__init__") for n in expected}
+    missing = expected - set(ast.literal_eval(imported))
+    assert not missing, f"not imported from the wheel: {sorted(missing)}"
