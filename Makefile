@@ -1,6 +1,8 @@
 # kimi-mlp: two commands do all set-up on a fresh machine.
 #   make book   builds the book into _build/html
 #   make test   runs the unit tests, the export check and nbval over every notebook
+#   make test-fast  the unit tests without those marked slow (GPU compiles, notebooks, wheel
+#               builds, end-to-end processes: tests/conftest.py lists them), for use while working
 # Both create (or reuse) the virtual environment .venv and install requirements.txt into it.
 
 PYTHON ?= python3
@@ -9,7 +11,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 600
 
-.PHONY: all venv test unit nbval nbval-other-cpu book export execute bench clean
+.PHONY: all venv test test-fast unit nbval nbval-other-cpu book export execute bench clean
 
 all: test
 
@@ -26,6 +28,10 @@ test: unit nbval
 
 unit: $(STAMP)
 	$(PY) -m pytest -q -n auto tests
+
+## While working: the unit tests less the slow ones (`make test` still runs everything).
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -n auto -m "not slow" tests
 
 nbval: $(STAMP)
 	$(PY) -m pytest -q -n auto --dist loadscope $(NBVAL) book
