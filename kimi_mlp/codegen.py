@@ -44,11 +44,11 @@ def target_name(arch: int) -> str:
 
 # %% auto #0
 __all__ = ['INSPECT_M', 'HOPPER', 'H200_SMS', 'SHARED_MEM_LIMIT', 'WORKLOADS', 'CONVERSIONS', 'H200_MODEL', 'GEMM_SHAPES',
-           'MODEL_M', 'MODEL_SCHEMA', 'targets', 'target_name', 'CompileOnlyDriver', 'stand_in_block',
-           'compile_launches', 'parse_ptxas', 'ptxas_path_and_flags', 'ptxas_log', 'run_ptxas', 'matrix_instructions',
-           'shared_buffers', 'ptx_excerpt', 'inspect_kernels', 'compile_in_child', 'short_name', 'matrix_summary',
-           'table_rows', 'format_table', 'step_cycles', 'model_block', 'model_rows', 'format_model', 'model_entry',
-           'write_model', 'main']
+           'MODEL_M', 'MODEL_SCHEMA', 'MODEL_JSON_SCHEMA', 'targets', 'target_name', 'CompileOnlyDriver',
+           'stand_in_block', 'compile_launches', 'parse_ptxas', 'ptxas_path_and_flags', 'ptxas_log', 'run_ptxas',
+           'matrix_instructions', 'shared_buffers', 'ptx_excerpt', 'inspect_kernels', 'compile_in_child', 'short_name',
+           'matrix_summary', 'table_rows', 'format_table', 'step_cycles', 'model_block', 'model_rows', 'format_model',
+           'model_entry', 'write_model', 'ModelRow', 'ModelEntry', 'ModelFile', 'main']
 
 # %% ../book/appendix_d_codegen.ipynb #a7b1e9af
 class CompileOnlyDriver:
@@ -763,8 +763,7 @@ MODEL_SCHEMA = "kimi-mlp-model/1"
 def model_entry(report: dict, replace: dict | None = None, replace_from: int = 1,
                 ms=MODEL_M, hw: dict = H200_MODEL) -> dict:
     "What was compiled (releases, target, shapes), and the model's rows for it."
-    keys = ("triton", "ptxas", "target", "hidden_size", "intermediate_size")
-    return dict({k: report[k] for k in keys},
+    return dict({k: report[k] for k in _COMPILED},          # ModelEntry's, below
                 rows=model_rows(report, ms, hw, replace, replace_from))
 
 
@@ -778,6 +777,77 @@ def write_model(path, entries: dict, hw: dict = H200_MODEL) -> None:
                      "not a measurement")
     data["entries"].update(entries)
     path.write_text(json.dumps(data, indent=1) + "\n")
+
+# %% ../book/appendix_d_codegen.ipynb #e5c3a0d2
+from typing import TypedDict
+
+
+class ModelRow(TypedDict):
+    "The modelled block at one M; times in µs."
+    m: int
+    launches: int
+    us: float
+    floor_us: float              # the roofline floor at the model's ceilings
+    bf16_us: float               # torch bf16's floor
+    kernels: list                # [name, µs, bound] per launch
+
+
+class _ModelEntryKeys(TypedDict):
+    triton: str
+    ptxas: str
+    target: str                  # e.g. "sm_90a"
+    hidden_size: int
+    intermediate_size: int
+    rows: list[ModelRow]
+
+
+class ModelEntry(_ModelEntryKeys, total=False):
+    "What was compiled, and the model's rows for it."
+    commit: str                  # an entry kept from an earlier commit says which
+
+
+class ModelFile(TypedDict):
+    "`book/data/h200_model.json`: the machine's assumptions and entries by label."
+    schema: str                  # MODEL_SCHEMA
+    machine: dict                # H200_MODEL
+    what: str
+    entries: dict[str, ModelEntry]
+
+
+_COMPILED = tuple(k for k in _ModelEntryKeys.__annotations__ if k != "rows")
+
+# %% ../book/appendix_d_codegen.ipynb #e5c3a0d3
+_NUM, _STR = {"type": "number"}, {"type": "string"}
+_MODEL_ROW = {
+    "type": "object", "additionalProperties": False,
+    "required": ["m", "launches", "us", "floor_us", "bf16_us", "kernels"],
+    "properties": {
+        "m": {"type": "integer", "minimum": 1},
+        "launches": {"type": "integer", "minimum": 1},
+        "us": _NUM, "floor_us": _NUM, "bf16_us": _NUM,
+        "kernels": {"type": "array", "items": {
+            "type": "array", "prefixItems": [_STR, _NUM, _STR], "items": False,
+            "minItems": 3}}}}
+MODEL_JSON_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": MODEL_SCHEMA, "type": "object", "additionalProperties": False,
+    "required": ["schema", "machine", "what", "entries"],
+    "properties": {
+        "schema": {"const": MODEL_SCHEMA},
+        "machine": {"type": "object", "additionalProperties": _NUM},
+        "what": _STR,
+        "entries": {"type": "object", "additionalProperties": {
+            "type": "object", "additionalProperties": False,
+            "required": ["triton", "ptxas", "target", "hidden_size",
+                         "intermediate_size", "rows"],
+            "properties": {
+                "triton": _STR, "ptxas": _STR, "target": _STR,
+                "hidden_size": {"type": "integer", "minimum": 1},
+                "intermediate_size": {"type": "integer", "minimum": 1},
+                "rows": {"type": "array", "items": _MODEL_ROW},
+                "commit": _STR}}},
+    },
+}
 
 # %% ../book/appendix_d_codegen.ipynb #098b988b
 def _workloads(text: str) -> tuple[str, ...]:

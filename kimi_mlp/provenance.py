@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ['CEILING_SHAPES', 'environment', 'measure_ceilings', 'load_ceilings']
+__all__ = ['CEILING_SHAPES', 'CEILINGS_SCHEMA', 'CEILING_RATES', 'CEILINGS_JSON_SCHEMA', 'environment', 'CeilingsFile', 'measure_ceilings', 'load_ceilings']
 
 # %% ../book/appendix_c_measuring.ipynb #063adacc
 # kimi_mlp.provenance: what a stored number carries beside it, and the ceilings.
@@ -14,6 +14,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
+from typing import TypedDict, get_type_hints
 
 import torch
 
@@ -144,6 +145,44 @@ def _matmul_rates(m: int, n: int, k: int, device, rep_ms: int) -> list[dict]:
         entries.append(entry)
     return entries
 
+# %% ../book/appendix_c_measuring.ipynb #c3a1e0b2
+CEILINGS_SCHEMA = "kimi-mlp-ceilings/1"
+
+
+class _CeilingsKeys(TypedDict):
+    schema: str                  # CEILINGS_SCHEMA
+    device: str
+    copy_bytes_per_s: float      # bytes read + written per second
+    bf16_flop_per_s: float
+    fp8_flop_per_s: float
+    sources: dict                # rate -> status, what, date, where
+
+
+class CeilingsFile(_CeilingsKeys, total=False):
+    "A recorded ceilings file: three rates, each with its source."
+    note: str
+
+
+#: The rates a ceilings file must hold, each a positive number.
+CEILING_RATES = tuple(k for k, t in get_type_hints(CeilingsFile).items() if t is float)
+_RATE = {"type": "number", "exclusiveMinimum": 0}
+_SOURCE = {"type": "object", "required": ["status", "what", "date", "where"],
+           "properties": {"status": {"type": "string"}, "what": {"type": "string"},
+                          "date": {"type": ["string", "null"]},
+                          "where": {"type": "string"}}}
+CEILINGS_JSON_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": CEILINGS_SCHEMA, "type": "object", "additionalProperties": False,
+    "required": ["schema", "device", *CEILING_RATES, "sources"],
+    "properties": {
+        "schema": {"const": CEILINGS_SCHEMA}, "device": {"type": "string"},
+        **{k: _RATE for k in CEILING_RATES},
+        "sources": {"type": "object", "required": list(CEILING_RATES),
+                    "additionalProperties": _SOURCE},
+        "note": {"type": "string"},
+    },
+}
+
 # %% ../book/appendix_c_measuring.ipynb #5582788d
 def measure_ceilings(rep_ms: int = 100, device="cuda", copy_numel: int = 2**30,
                      shapes=CEILING_SHAPES) -> dict:
@@ -171,7 +210,7 @@ def load_ceilings(path) -> dict:
     """Read a ceilings JSON (`copy_bytes_per_s`, `bf16_flop_per_s`, `fp8_flop_per_s`,
     `sources`)."""
     c = json.loads(Path(path).read_text())
-    for key in ("copy_bytes_per_s", "bf16_flop_per_s", "fp8_flop_per_s"):
+    for key in CEILING_RATES:
         v = c.get(key)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
             raise ValueError(f"{path}: {key}: expected a positive number, got {v!r}")

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-__all__ = ['BENCH_SCHEMA', 'write_record', 'validate_record', 'load_record', 'find_measurements']
+__all__ = ['BENCH_SCHEMA', 'BENCH_RECORD_JSON_SCHEMA', 'write_record', 'BenchResult', 'BenchRecord', 'validate_record', 'load_record', 'find_measurements']
 
 # %% ../book/appendix_e_harness.ipynb #50380b10
 # kimi_mlp.records: write, validate and read back the benchmark's JSON records.
 import json
 import re
 from pathlib import Path
+from typing import TypedDict, get_origin, get_type_hints
 
 # %% ../book/appendix_e_harness.ipynb #1483afd8
 BENCH_SCHEMA = "kimi-mlp-bench/1"
@@ -40,7 +41,76 @@ def write_record(record: dict, out_dir) -> Path:
     path.write_text(json.dumps(record, indent=1))
     return path
 
+# %% ../book/appendix_e_harness.ipynb #b7e1c0a2
+class BenchResult(TypedDict):
+    "One provider at one M; `check_output`'s errors and bounds, the timer's times."
+    provider: str
+    m: int
+    median_ms: float | None      # null: not timed (a smoke run, a failed check)
+    ok: bool
+
+
+class _BenchRecordKeys(TypedDict):
+    schema: str                  # BENCH_SCHEMA
+    kind: str                    # "measurement" (a GPU's) or "cpu-smoke"
+    environment: dict            # provenance.environment()
+    shapes: dict
+    settings: dict
+    providers: dict              # name -> what it is, available or why not
+    results: list[BenchResult]
+    skipped: list
+
+
+class BenchRecord(_BenchRecordKeys, total=False):
+    "One `bench_*.json` file: the keys above always, these as the sweep fills them."
+    complete: bool
+    entry_point: str
+    ceilings: dict | None        # measured in the same process; None: not measured
+    ceilings_error: str
+    kernel_choices: dict
+    launches: list
+    not_run_m: list
+    elapsed_s: float
+
+# %% ../book/appendix_e_harness.ipynb #b7e1c0a3
+_POSITIVE = {"type": "number", "exclusiveMinimum": 0}
+BENCH_RECORD_JSON_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": BENCH_SCHEMA, "type": "object", "additionalProperties": False,
+    "required": ["schema", "kind", "environment", "shapes", "settings", "providers",
+                 "results", "skipped"],
+    "properties": {
+        "schema": {"const": BENCH_SCHEMA},
+        "kind": {"enum": ["measurement", "cpu-smoke"]},
+        "environment": {"type": "object"}, "shapes": {"type": "object"},
+        "settings": {"type": "object"}, "providers": {"type": "object"},
+        "results": {"type": "array", "items": {
+            "type": "object", "required": ["provider", "m", "median_ms", "ok"],
+            "properties": {"provider": {"type": "string"},
+                           "m": {"type": "integer", "minimum": 1},
+                           "median_ms": {"type": ["number", "null"],
+                                         "exclusiveMinimum": 0},
+                           "ok": {"type": "boolean"}}}},
+        "skipped": {"type": "array"}, "complete": {"type": "boolean"},
+        "entry_point": {"type": "string"},
+        "ceilings": {"type": ["object", "null"],
+                     "required": ["copy_bytes_per_s", "bf16_flop_per_s"],
+                     "properties": {"copy_bytes_per_s": _POSITIVE,
+                                    "bf16_flop_per_s": _POSITIVE}},
+        "ceilings_error": {"type": "string"}, "kernel_choices": {"type": "object"},
+        "launches": {"type": "array"},
+        "not_run_m": {"type": "array", "items": {"type": "integer"}},
+        "elapsed_s": {"type": "number"},
+    },
+}
+
 # %% ../book/appendix_e_harness.ipynb #a58fe380
+#: The type of each key every record has (`BenchRecord`'s required keys), as
+#: `isinstance` reads it: list[BenchResult] -> list.
+_REQUIRED_TYPES = {k: get_origin(t) or t for k, t in get_type_hints(BenchRecord).items()
+                   if k in BenchRecord.__required_keys__ and k != "schema"}
+
+
 def validate_record(record: dict, where: str = "record") -> dict:
     """Check a benchmark record's schema (raises ValueError naming the field); returns
     it."""
@@ -49,15 +119,7 @@ def validate_record(record: dict, where: str = "record") -> dict:
             record.get("schema") if isinstance(record, dict) else type(record).__name__
         )
         raise ValueError(f"{where}: schema: expected {BENCH_SCHEMA!r}, got {got!r}")
-    for key, typ in (
-        ("kind", str),
-        ("environment", dict),
-        ("shapes", dict),
-        ("settings", dict),
-        ("providers", dict),
-        ("results", list),
-        ("skipped", list),
-    ):
+    for key, typ in _REQUIRED_TYPES.items():
         if not isinstance(record.get(key), typ):
             got = type(record.get(key)).__name__
             raise ValueError(f"{where}: {key}: expected a {typ.__name__}, got {got}")
@@ -70,7 +132,7 @@ def validate_record(record: dict, where: str = "record") -> dict:
                     f" {c.get(key)!r}"
                 )
     for i, r in enumerate(record["results"]):
-        for key in ("provider", "m", "median_ms", "ok"):
+        for key in BenchResult.__annotations__:   # in order
             if key not in r:
                 raise ValueError(f"{where}: results[{i}]: missing {key!r}")
         if r["provider"] not in record["providers"]:

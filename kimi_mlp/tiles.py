@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ['TILES_SCHEMA', 'TILES_ENV', 'tiles_file_name', 'load_tiles', 'tuned_tiles']
+__all__ = ['TILES_SCHEMA', 'TILES_ENV', 'TILES_JSON_SCHEMA', 'tiles_file_name', 'TileConfig', 'TileRow', 'TilesFile', 'load_tiles', 'tuned_tiles']
 
 # %% ../book/appendix_c_measuring.ipynb #729f7028
 # kimi_mlp.tiles: the measured tile tables, data that chapter 7's kernels read. It
@@ -10,6 +10,7 @@ __all__ = ['TILES_SCHEMA', 'TILES_ENV', 'tiles_file_name', 'load_tiles', 'tuned_
 import json
 import os
 from pathlib import Path
+from typing import TypedDict
 
 
 def _package_dir() -> Path:
@@ -34,7 +35,6 @@ _TILE_FIELDS = {
     "regs": (lambda v: _is_int(v) and 1 <= v <= 255, "an int in [1, 255]"),
     "split_k": (lambda v: _is_int(v) and v >= 1, "a positive int"),
 }
-_OPTIONAL_TILE_FIELDS = ("split_k", "SUB_K")
 
 
 def _is_int(v) -> bool:
@@ -44,6 +44,90 @@ def _is_int(v) -> bool:
 def tiles_file_name(device_name: str) -> str:
     "The file a GPU's table goes by: `NVIDIA H200` -> `NVIDIA_H200.json`."
     return device_name.strip().replace(" ", "_") + ".json"
+
+# %% ../book/appendix_c_measuring.ipynb #d4b2f0c2
+class _TileConfigKeys(TypedDict):
+    SWAP: bool
+    BLOCK_M: int
+    BLOCK_N: int
+    GROUP_M: int
+    TMA_A: bool
+    num_warps: int
+    num_stages: int
+    regs: int
+
+
+class TileConfig(_TileConfigKeys, total=False):
+    "One launch's tiles, as `GEMM_TILES` holds them."
+    SUB_K: int                   # W8A16 only
+    split_k: int
+
+
+_OPTIONAL_TILE_FIELDS = tuple(sorted(TileConfig.__optional_keys__))
+
+
+class _TileRowKeys(TypedDict):
+    kind: str                    # "gate_up" or "gemm"
+    n: int
+    k: int
+    m_max: int | None            # the largest M served; None: every M above
+    config: TileConfig
+
+
+class TileRow(_TileRowKeys, total=False):
+    "One bucket of a tile file; the tuner adds what it measured."
+    m_timed: int
+    tuned: bool
+    median_us: float | None
+    default_us: float | None
+    candidates: int
+
+
+class _TilesFileKeys(TypedDict):
+    schema: str                  # TILES_SCHEMA
+    device: str                  # torch.cuda.get_device_name()
+    rows: list[TileRow]
+
+
+class TilesFile(_TilesFileKeys, total=False):
+    "A measured tile table, `configs/<device>.json`."
+    sms: int
+    arch: str
+    entry_point: str
+    provenance: dict             # provenance.environment()
+    seconds: float
+
+# %% ../book/appendix_c_measuring.ipynb #d4b2f0c3
+_INT = {"type": "integer", "minimum": 1}
+_TILE_CONFIG_JSON_SCHEMA = {
+    "type": "object", "additionalProperties": False,
+    "required": sorted(TileConfig.__required_keys__),
+    "properties": {
+        "SWAP": {"type": "boolean"}, "BLOCK_M": {"enum": [16, 32, 64, 128]},
+        "BLOCK_N": {"enum": [32, 64, 128]}, "SUB_K": {"enum": [16, 32, 64, 128]},
+        "GROUP_M": _INT, "TMA_A": {"type": "boolean"}, "num_warps": {"enum": [4, 8]},
+        "num_stages": {"type": "integer", "minimum": 1, "maximum": 8},
+        "regs": {"type": "integer", "minimum": 1, "maximum": 255}, "split_k": _INT}}
+TILES_JSON_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": TILES_SCHEMA, "type": "object", "additionalProperties": False,
+    "required": ["schema", "device", "rows"],
+    "properties": {
+        "schema": {"const": TILES_SCHEMA}, "device": {"type": "string", "minLength": 1},
+        "rows": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "additionalProperties": False,
+            "required": ["kind", "n", "k", "m_max", "config"],
+            "properties": {
+                "kind": {"enum": ["gate_up", "gemm"]}, "n": _INT, "k": _INT,
+                "m_max": {"type": ["integer", "null"], "minimum": 1},
+                "config": _TILE_CONFIG_JSON_SCHEMA, "m_timed": _INT,
+                "tuned": {"type": "boolean"},
+                "median_us": {"type": ["number", "null"]},
+                "default_us": {"type": ["number", "null"]}, "candidates": _INT}}},
+        "sms": _INT, "arch": {"type": "string"}, "entry_point": {"type": "string"},
+        "provenance": {"type": "object"}, "seconds": {"type": "number"},
+    },
+}
 
 # %% ../book/appendix_c_measuring.ipynb #3a7c9e15
 def _tile_row(where: str, row) -> tuple[tuple, int | None, dict]:

@@ -11,7 +11,7 @@ import kimi_mlp
 
 # Authoring and test tools that must never be needed to import kimi_mlp.
 FORBIDDEN = ["nbdev", "fastcore", "execnb", "IPython", "ipykernel", "jupyter_book", "jupyter_core",
-             "nbformat", "nbclient", "matplotlib", "transformers", "pytest"]
+             "nbformat", "nbclient", "matplotlib", "transformers", "pytest", "jsonschema"]
 
 PUBLIC_API = [
     # issue 2

@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TypedDict
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -50,6 +51,59 @@ from kimi_mlp.checkpoint import (dense_block_tensors, load_dense_block,  # noqa:
                                  write_synthetic_checkpoint)
 from kimi_mlp.config import KimiK2Config  # noqa: E402
 from kimi_mlp.safetensors_io import read_safetensors_layout, resolve_tensor_files  # noqa: E402
+
+
+
+class LoadBenchMethod(TypedDict):
+    "One method's times (seconds) and memory (bytes), and their ratios to `raw`'s."
+    times_s: list[float]
+    median_s: float
+    time_vs_raw: float
+    min_s: float
+    min_vs_raw_min: float
+    rss_before_bytes: int
+    peak_bytes: int
+    peak_rise_bytes: int
+    memory_vs_bytes: float
+
+
+class LoadBench(TypedDict):
+    "book/data/06_load_bench.json: one run of this script (no schema field)."
+    what: str
+    date: str                    # ISO date
+    machine: dict                # platform, cpus, memory_gib, python, torch, safetensors
+    reps: int
+    page_cache: str
+    shard_bytes: int
+    tensor_bytes: int
+    targets: dict                # time_vs_raw, memory_vs_bytes
+    results: dict[str, LoadBenchMethod]      # METHODS' names
+
+
+_NUM, _COUNT = {"type": "number", "minimum": 0}, {"type": "integer", "minimum": 0}
+LOAD_BENCH_JSON_SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "title": "chapter 6's load benchmark", "type": "object", "additionalProperties": False,
+    "required": ["what", "date", "machine", "reps", "page_cache", "shard_bytes",
+                 "tensor_bytes", "targets", "results"],
+    "properties": {
+        "what": {"type": "string"}, "date": {"type": "string", "format": "date"},
+        "machine": {"type": "object"}, "reps": {"type": "integer", "minimum": 1},
+        "page_cache": {"type": "string"}, "shard_bytes": _COUNT, "tensor_bytes": _COUNT,
+        "targets": {"type": "object", "required": ["time_vs_raw", "memory_vs_bytes"],
+                    "additionalProperties": _NUM},
+        "results": {"type": "object", "required": ["raw"], "additionalProperties": {
+            "type": "object", "additionalProperties": False,
+            "required": ["times_s", "median_s", "time_vs_raw", "min_s", "min_vs_raw_min",
+                         "rss_before_bytes", "peak_bytes", "peak_rise_bytes",
+                         "memory_vs_bytes"],
+            "properties": {"times_s": {"type": "array", "items": _NUM, "minItems": 1},
+                           "median_s": _NUM, "time_vs_raw": _NUM, "min_s": _NUM,
+                           "min_vs_raw_min": _NUM, "rss_before_bytes": _COUNT,
+                           "peak_bytes": _COUNT, "peak_rise_bytes": {"type": "integer"},
+                           "memory_vs_bytes": {"type": "number"}}}},
+    },
+}
 
 EMBED = ("model.embed_tokens.weight", (163840, 7168), torch.bfloat16)   # the real shape: 2.19 GiB
 
@@ -184,7 +238,7 @@ def main() -> None:
         shard_bytes = file.stat().st_size
 
     raw_median = statistics.median(times["raw"])
-    results = {}
+    results: dict[str, LoadBenchMethod] = {}
     for name in METHODS:
         med = statistics.median(times[name])
         rise = memory[name]["peak"] - memory[name]["rss_before"]
@@ -196,7 +250,7 @@ def main() -> None:
                          "peak_rise_bytes": rise, "memory_vs_bytes": round(rise / tensor_bytes, 3)}
     with open("/proc/meminfo") as f:
         mem_kib = int(f.readline().split()[1])
-    data = {
+    data: LoadBench = {
         "what": "chapter 6 load benchmark (tools/bench_load.py): layer 0 of a full-size synthetic "
                 "checkpoint, one shard with the MLP and a 2.19 GiB embedding-shaped tensor; warm page cache",
         "date": datetime.date.today().isoformat(),
