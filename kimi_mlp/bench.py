@@ -241,7 +241,10 @@ def fused_path(record: dict) -> str | None:
     cap = (record.get("environment") or {}).get("capability")
     if not cap:
         return None
-    return family_of(int(x) for x in str(cap).split(".")).mode
+    try:
+        return family_of(int(x) for x in str(cap).split(".")).mode
+    except RuntimeError:                 # below 7.5: no family, so not judged
+        return None
 
 
 def find_gpu(gpus: list[dict], device_name: str | None) -> dict | None:

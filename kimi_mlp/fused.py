@@ -363,7 +363,8 @@ def _choose_mode(device: torch.device, mode=None, act_dtype=None) -> tuple:
             raise ValueError(f"act_dtype: expected None with mode 'w8a8' (the FP8 "
                              f"launches quantize), got {act_dtype}")
         return mode, None
-    return mode, act_dtype or (torch.float16 if arch == 75 else torch.bfloat16)
+    return mode, act_dtype or (torch.float16 if gpus.family(arch).path == "FMA"
+                             else torch.bfloat16)
 
 
 def _weights_and_launches(t: FfnTensors, mode: str) -> tuple:

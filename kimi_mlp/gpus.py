@@ -36,7 +36,7 @@ class GPU:
 
 # %% auto #0
 __all__ = ['PATHS', 'PATH_RATE', 'KIB', 'GPUS', 'FAMILIES', 'OLDEST', 'NEWER', 'GPU', 'Family', 'family', 'family_of', 'gpu',
-           'default_gpu', 'by_target', 'find_gpu', 'kernel_rate', 'as_record']
+           'default_gpu', 'by_target', 'find_gpu', 'kernel_rate', 'as_record', 'check_registry']
 
 # %% ../book/appendix_g_gpus.ipynb #d425c030
 @dataclass(frozen=True)
@@ -161,8 +161,8 @@ GPUS = {g.name: g for g in (
         "NVIDIA GeForce RTX 5090 specifications: 21,760 CUDA cores, 128 an SM: 170 "
         "SMs; 32 GB of GDDR7 on a 512-bit bus at 28 Gbps: 1,792 GB/s",
         _NV + "en-us/geforce/graphics-cards/50-series/rtx-5090/",
-        "No matmul rate is recorded: NVIDIA's figures for GeForce Blackwell are quoted "
-        "with sparsity and FP16 sums, and none with FP32 sums for FP8"),
+        "No matmul rate is recorded yet: a dense rate with fp32 sums from an NVIDIA "
+        "document is still to be taken for it"),
 )}
 
 # %% ../book/appendix_g_gpus.ipynb #3cf7032d
@@ -205,9 +205,11 @@ def family(arch: int) -> Family:
 
 
 def family_of(cap) -> Family:
-    """The family of a compute capability (major, minor): the entry that lists it,
-    else the closest one below it with the same major (8.8 plans as 8.6), else, for a
-    later major than any entry, `NEWER`'s. Below 7.5, a one-line error."""
+    """The family of a compute capability (major, minor): the entry that lists it.
+    One no entry lists takes the matrix path of the closest one below it with the same
+    major, and of the families of that major and path, the one with the least shared
+    memory (a plan that fits there fits the GPU): 8.8 and 8.1 plan as 8.6. A later
+    major than any entry plans as `NEWER`. Below 7.5, a one-line error."""
     cap = tuple(cap)
     if cap < OLDEST:
         raise RuntimeError(f"compute capability {cap[0]}.{cap[1]}: these kernels need "
@@ -218,7 +220,12 @@ def family_of(cap) -> Family:
     below = [(c, f) for f in FAMILIES.values() for c in f.capabilities
              if c[0] == cap[0] and c <= cap]
     if below:
-        return max(below, key=lambda cf: cf[0])[1]
+        c, near = max(below, key=lambda cf: cf[0])
+        if c == cap:
+            return near
+        kin = [f for f in FAMILIES.values() if f.path == near.path
+               and any(c[0] == cap[0] for c in f.capabilities)]
+        return min(kin, key=lambda f: (f.shared_per_block, f.arch))
     if cap[0] > max(c[0] for f in FAMILIES.values() for c in f.capabilities):
         return FAMILIES[NEWER]
     raise RuntimeError(f"compute capability {cap[0]}.{cap[1]}: no GPU family of "
@@ -264,3 +271,25 @@ def as_record(g: GPU) -> dict:
     f = family(g.arch)
     return dict(asdict(g), device_names=list(g.device_names), target=f.target,
                 mode=f.mode, path=f.path, rate_key=PATH_RATE[f.path])
+
+# %% ../book/appendix_g_gpus.ipynb #7f3162a6
+def check_registry() -> None:
+    """Raise ValueError on an entry that disagrees with the others: a family's GPUs
+    must exist and belong to it, a GPU's family must exist, every path be known, a
+    block fit in its SM's shared memory, and no capability be claimed twice."""
+    caps = [c for f in FAMILIES.values() for c in f.capabilities]
+    if len(caps) != len(set(caps)):
+        raise ValueError(f"capabilities: claimed twice in {sorted(caps)}")
+    for f in FAMILIES.values():
+        if f.path not in PATHS or not f.shared_per_block <= f.shared_per_sm:
+            raise ValueError(f"family {f.arch}: path {f.path!r} or shared memory")
+        if not f.gpus or any(gpu(n).arch != f.arch for n in f.gpus):
+            raise ValueError(f"family {f.arch}: GPUs {f.gpus} not all of it")
+    for g in GPUS.values():
+        if g.arch not in FAMILIES or g.name not in FAMILIES[g.arch].gpus:
+            raise ValueError(f"GPU {g.name}: family {g.arch} does not list it")
+        if not (g.sms > 0 and g.hbm_bytes_per_s > 0 and g.url.startswith("https://")):
+            raise ValueError(f"GPU {g.name}: SMs, bandwidth or source address")
+
+
+check_registry()        # at import: an edit that breaks the registry stops it here

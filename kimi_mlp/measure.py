@@ -14,7 +14,6 @@ import torch
 # Nothing here imports kimi_mlp.kernels (or Triton) at import time: `book_mode` must
 # be able to choose the interpreter before the kernels are defined.
 from . import gpus     # appendix G: the GPU families (imports no kernels)
-from .fp8 import FP8_TENSOR_CORES
 
 #: The oldest GPU Triton's `tl.dot` serves (Turing): appendix G's `gpus.OLDEST`.
 TRITON_DOT_MIN = gpus.OLDEST
@@ -100,7 +99,7 @@ def book_mode() -> BookMode:
                 "`%env TRITON_INTERPRET=1` in a cell before this one)"
             )
         else:
-            fp8 = cap >= FP8_TENSOR_CORES
+            fp8 = gpus.family_of(cap).e4m3
             return _agreed(
                 BookMode(
                     True,

@@ -127,7 +127,7 @@ def tune_bucket(kind: str, bound, device, sms: int, rep_ms: int = 50,
     n, k = n_k or TUNE_SHAPES[kind]
     m = m or TUNE_M[bound]
     dtype = (None if gpus.family(arch).e4m3    # W8A16: fp16 on Turing
-             else torch.float16 if arch == 75 else torch.bfloat16)
+             else torch.float16 if gpus.family(arch).path == "FMA" else torch.bfloat16)
     x, ws = _tune_operands(kind, m, n, k, device, dtype)
     best, ref, results = None, None, []
     for row in tile_candidates(kind, bound, arch):

@@ -130,3 +130,24 @@ def test_no_other_module_keeps_a_table_of_gpu_families():
 def test_the_table_finder_finds_a_table():
     src = 'SMEM = {90: 228 * 1024, 89: 100 * 1024}\nW = ("sm_80", "sm_86")\nM = (1, 16, 64)'
     assert [line for line, _ in _family_tables(ast.parse(src))] == [1, 2]
+
+
+def test_an_unlisted_capability_plans_with_the_least_shared_memory_of_its_kind():
+    # 8.1 to 8.5 and 8.8 are listed nowhere: the bf16 path of Ampere, and of its
+    # families the one with 99 KB a block, not the A100's 163 KB
+    assert {gpus.family_of((8, m)).arch for m in (1, 2, 5, 8)} == {86}
+    assert gpus.family_of((8, 0)).arch == 80 and gpus.family_of((8, 9)).arch == 89
+    assert bench.fused_path({"environment": {"capability": "7.0"}}) is None
+
+
+def test_the_registry_check_refuses_an_entry_that_disagrees(monkeypatch):
+    gpus.check_registry()
+    stray = dataclasses.replace(gpus.gpu("L4"), name="L5")      # in no family's list
+    monkeypatch.setitem(gpus.GPUS, "L5", stray)
+    with pytest.raises(ValueError, match="GPU L5: family 89 does not list it"):
+        gpus.check_registry()
+    monkeypatch.delitem(gpus.GPUS, "L5")
+    twice = dataclasses.replace(gpus.family(86), arch=87, capabilities=((8, 9),))
+    monkeypatch.setitem(gpus.FAMILIES, 87, twice)
+    with pytest.raises(ValueError, match="capabilities: claimed twice"):
+        gpus.check_registry()
