@@ -9,6 +9,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+TRITON36 := $(VENV)/triton36
 NBVAL  := --nbval --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 600
 
 .PHONY: all venv test test-fast unit nbval nbval-other-cpu book export execute bench clean
@@ -19,6 +20,9 @@ $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -e .
+	# triton 3.6 beside the venv's own, for appendix F's check that the Gluon kernels
+	# compile the same under it (tests/test_gluon.py, in a child process of its own)
+	$(PY) -m pip install -q --no-deps --upgrade --target $(TRITON36) triton==3.6.0
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -27,11 +31,11 @@ venv: $(STAMP)
 test: unit nbval
 
 unit: $(STAMP)
-	$(PY) -m pytest -q -n auto tests
+	KIMI_TRITON36=$(TRITON36) $(PY) -m pytest -q -n auto tests
 
 ## While working: the unit tests less the slow ones (`make test` still runs everything).
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -n auto -m "not slow" tests
+	KIMI_TRITON36=$(TRITON36) $(PY) -m pytest -q -n auto -m "not slow" tests
 
 nbval: $(STAMP)
 	$(PY) -m pytest -q -n auto --dist loadscope $(NBVAL) book

@@ -29,6 +29,8 @@ SLOW = (
     "test_codegen.py::test_the_byte_decode_and_the_w8a16_gemm_compile_for_gpus_without_e4m3",
     "test_codegen.py::test_every_gpu_family_compiles_the_block_without_spills",
     "test_first_run.py::test_inspect_reports_its_progress_one_line_per_step",
+    "test_gluon.py::test_the_gluon_gemms_keep_a_wgmma_group_in_flight_for_sm_90a",
+    "test_gluon.py::test_the_gluon_gemms_compile_with_triton_3_6_too",
     # execute notebooks, build the book
     "test_measure.py::test_gpu_report_smoke_rehearses_chapters_7_to_9",
     "test_measure.py::test_chapters_7_and_8_run_as_a_gpu_without_e4m3_runs_them",
