@@ -27,7 +27,10 @@ _LAZY = {"FusedFp8DenseMLP": "fused", "fused_ffn_block": "fused",
          # inside a Hugging Face DeepseekV3 model (chapter 11); Triton for "fused"
          "fuse_ffn": "hf", "FusedMLP": "hf",
          # the Gluon GEMMs for Hopper (appendix F), opt-in
-         "GluonFp8DenseMLP": "gluon"}
+         "GluonFp8DenseMLP": "kernels.gluon",
+         # what launches plan and compile for (chapter 7): a GPU's, or a named one's
+         # (`with kimi_mlp.compile_only("sm_89", sms=58): block(h)` compiles, runs nothing)
+         "Target": "kernels", "compile_only": "kernels"}
 
 
 def __getattr__(name):

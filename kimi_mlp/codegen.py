@@ -44,37 +44,16 @@ def target_name(arch: int) -> str:
 
 # %% auto #0
 __all__ = ['INSPECT_M', 'HOPPER', 'H200_SMS', 'SHARED_MEM_LIMIT', 'WORKLOADS', 'CONVERSIONS', 'H200_MODEL', 'GEMM_SHAPES',
-           'MODEL_M', 'MODEL_SCHEMA', 'MODEL_JSON_SCHEMA', 'targets', 'target_name', 'CompileOnlyDriver',
-           'stand_in_block', 'compile_launches', 'parse_ptxas', 'ptxas_path_and_flags', 'ptxas_log', 'run_ptxas',
-           'matrix_instructions', 'shared_buffers', 'ptx_excerpt', 'inspect_kernels', 'compile_in_child', 'short_name',
-           'matrix_summary', 'table_rows', 'format_table', 'step_cycles', 'model_block', 'model_rows', 'format_model',
-           'model_entry', 'write_model', 'ModelRow', 'ModelEntry', 'ModelFile', 'main']
+           'MODEL_M', 'MODEL_SCHEMA', 'MODEL_JSON_SCHEMA', 'targets', 'target_name', 'stand_in_block',
+           'compile_launches', 'parse_ptxas', 'ptxas_path_and_flags', 'ptxas_log', 'run_ptxas', 'matrix_instructions',
+           'shared_buffers', 'ptx_excerpt', 'inspect_kernels', 'compile_in_child', 'short_name', 'matrix_summary',
+           'table_rows', 'format_table', 'step_cycles', 'model_block', 'model_rows', 'format_model', 'model_entry',
+           'write_model', 'ModelRow', 'ModelEntry', 'ModelFile', 'main']
 
 # %% ../book/appendix_d_codegen.ipynb #a7b1e9af
-class CompileOnlyDriver:
-    """A Triton driver for a GPU that is not there: it names the target the compiler
-    generates code for (a `triton.backends.compiler.GPUTarget`), device 0 and stream 0.
-    Whatever would touch a device (loading a binary, launching, timing) is missing, with
-    a message that says so."""
-
-    def __init__(self, target):
-        self.target = target
-
-    def get_current_target(self):
-        return self.target
-
-    def get_current_device(self):
-        return 0
-
-    def set_current_device(self, device):
-        pass
-
-    def get_current_stream(self, device=None):
-        return 0
-
-    def __getattr__(self, name):
-        raise AttributeError(f"CompileOnlyDriver.{name}: this driver compiles for "
-                             f"{self.target} and has no GPU to load, launch or time on")
+# The driver lives in the one module that touches Triton's internals (appendix C);
+# chapter 7's `compile_only` sets it for the duration of a compile.
+from .triton_adapter import CompileOnlyDriver
 
 # %% ../book/appendix_d_codegen.ipynb #e751841d
 def stand_in_block(hidden_size: int = 7168, intermediate_size: int = 18432):
@@ -143,7 +122,6 @@ def _bench_workload(block, h):
             p["fn"](h)
 
 
-_TARGET_OF_PROCESS: dict = {}      # the one target compile_launches compiles for here
 #: What `compile_launches` runs at each M, and at which M by default.
 WORKLOADS = {"block": (_block_workload, INSPECT_M),
              "gpucheck": (_gpucheck_workload, GPUCHECK_M),
@@ -151,16 +129,12 @@ WORKLOADS = {"block": (_block_workload, INSPECT_M),
 
 # %% ../book/appendix_d_codegen.ipynb #34cc7cf3
 def _check_compile_only(arch: int) -> None:
-    "What `compile_launches` needs: a known family, compiling kernels, one target."
-    from . import kernels
+    "What `compile_launches` needs: a known family and kernels decorated to compile."
+    from kimi_mlp import kernels
     gpus.family(arch)                   # a one-line error for an unknown family
     if kernels.INTERPRETED:
         raise RuntimeError("compile_launches: the kernels were decorated for Triton's "
                            "interpreter (TRITON_INTERPRET=1); use inspect_kernels")
-    if _TARGET_OF_PROCESS.setdefault("arch", arch) != arch:
-        raise RuntimeError(f"compile_launches: this process compiled for "
-                           f"{target_name(_TARGET_OF_PROCESS['arch'])} already, and "
-                           "Triton would reuse those kernels; use inspect_kernels")
 
 # %% ../book/appendix_d_codegen.ipynb #34cc7cf4
 def compile_launches(ms=INSPECT_M, hidden_size: int = 7168,
@@ -168,54 +142,35 @@ def compile_launches(ms=INSPECT_M, hidden_size: int = 7168,
                      arch: int = 90, workloads=("block",),
                      progress=None) -> list[dict]:
     """Run each of `workloads` (WORKLOADS' names) at each M of `ms` (None: the
-    workload's own) with every Triton launch turned into a compile for
-    `target_name(arch)` (`warmup=True`: nothing runs), on stand-in CPU tensors. Needs
-    a process whose kernels were decorated with TRITON_INTERPRET=0 (`inspect_kernels`),
-    and one target per process: Triton keeps the first target's kernels per device.
+    workload's own) inside chapter 7's `compile_only(arch, sms)`: every launch
+    compiles for `target_name(arch)` and nothing runs, on stand-in CPU tensors. Needs a
+    process whose kernels were decorated with TRITON_INTERPRET=0 (`inspect_kernels`).
 
     Returns one dict per variant (kernel, constexprs, integer specialization, warps,
     stages): `shared` bytes, ptxas `registers`, `stack`, `spill_stores`, `spill_loads`,
     `matrix`, `smem_buffers`, `excerpt`, `launches` ({workload, m, index, grid}).
     `progress(text)`: called after each workload and M."""
     import torch
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime import driver
-    from triton.runtime.jit import JITFunction
 
-    from . import kernels
+    from kimi_mlp import kernels
     _check_compile_only(arch)
-    variants, launches, real_run = {}, [], JITFunction.run
-
-    def compile_only(self, *args, grid, warmup, **kwargs):
-        kernel = real_run(self, *args, grid=grid, warmup=True, **kwargs)
-        launches.append((self, args, kwargs, grid, kernel))
-        return kernel
-
+    variants = {}
     block = stand_in_block(hidden_size, intermediate_size)
-    previous = driver._active               # Triton's DriverConfig field (3.6 to 3.9)
-    driver.set_active(CompileOnlyDriver(GPUTarget(HOPPER[0], arch, HOPPER[2])))
-    saved = kernels._COMPILE_ONLY_SMS, kernels._COMPILE_ONLY_ARCH
-    kernels._COMPILE_ONLY_SMS, kernels._COMPILE_ONLY_ARCH = sms, arch
-    if gpus.family(arch).e4m3:      # its probe compiles first, unrecorded
-        kernels._native(torch.device("cpu"))
-    JITFunction.run = compile_only
-    try:
+    with kernels.compile_only(arch, sms) as compiled:
+        if gpus.family(arch).e4m3:      # its probe compiles first, unrecorded
+            kernels._native(torch.device("cpu"))
         for name in workloads:
             run, default_ms = WORKLOADS[name]
             for m in ms or default_ms:
-                launches.clear()
+                compiled.launches.clear()
                 h = torch.empty(m, hidden_size, dtype=torch.bfloat16)
                 with torch.no_grad():
                     run(block, h)
-                for i, (fn, args, kwargs, grid, kernel) in enumerate(launches):
-                    _record(variants, fn, args, kwargs, grid, kernel, (name, m, i),
-                            arch)
+                for i, launch in enumerate(compiled.launches):
+                    _record(variants, launch.kernel, launch.args, launch.kwargs,
+                            launch.grid, launch.compiled, (name, m, i), arch)
                 if progress is not None:
-                    progress(f"{name} at M = {m}: {len(launches)} launches")
-    finally:
-        JITFunction.run = real_run
-        kernels._COMPILE_ONLY_SMS, kernels._COMPILE_ONLY_ARCH = saved
-        driver.set_active(previous)
+                    progress(f"{name} at M = {m}: {len(compiled.launches)} launches")
     return list(variants.values())
 
 # %% ../book/appendix_d_codegen.ipynb #7b4212c1

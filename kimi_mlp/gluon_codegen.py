@@ -14,7 +14,8 @@ import torch
 import triton
 
 from . import kernels
-from .gluon import BLOCK_K, BLOCK_N, gluon_fp8_gemm, gluon_gate_up_swiglu_quant
+from .kernels.gluon import (BLOCK_K, BLOCK_N, gluon_fp8_gemm,
+                                   gluon_gate_up_swiglu_quant)
 
 # %% ../book/appendix_f_gluon.ipynb #b52c0bc2
 _LOOP_LABEL = re.compile(r"^(\$L__BB\w+):")
@@ -96,19 +97,12 @@ def _variant(kernel, name, stands_for, block_m, m, grid) -> dict:
 
 def compile_gluon(ms, hidden_size: int = 7168, intermediate_size: int = 18432) -> list:
     """Compile both Gluon kernels for sm_90a at each M of `ms` (the down GEMM with its
-    residual), on stand-in CPU tensors through appendix D's compile-only driver; one
+    residual), on stand-in CPU tensors inside chapter 7's `compile_only`; one
     variant per binary. Needs TRITON_INTERPRET=0 (`inspect_gluon`)."""
-    from triton.backends.compiler import GPUTarget
-    from triton.runtime import driver
-
-    from kimi_mlp.codegen import CompileOnlyDriver
     d, f, e = hidden_size, intermediate_size, kernels.FP8_DTYPE
     cols = lambda n: -(-n // 128)
-    previous, variants = driver._active, {}
-    saved = kernels._COMPILE_ONLY_SMS, kernels._COMPILE_ONLY_ARCH
-    kernels._COMPILE_ONLY_SMS, kernels._COMPILE_ONLY_ARCH = 132, 90   # CPU stand-ins
-    driver.set_active(CompileOnlyDriver(GPUTarget("cuda", 90, 32)))
-    try:
+    variants = {}
+    with kernels.compile_only("sm_90a", sms=132):     # CPU tensors stand in
         for m in ms:
             x, xs = torch.empty(m, d, dtype=e), torch.empty(m, cols(d))
             g, gs = torch.empty(f, d, dtype=e), torch.empty(cols(f), cols(d))
@@ -124,15 +118,12 @@ def compile_gluon(ms, hidden_size: int = 7168, intermediate_size: int = 18432) -
                 old = variants.setdefault((name, v["hash"]), v)
                 if old is not v:
                     old["launches"] += v["launches"]
-    finally:
-        driver.set_active(previous)
-        kernels._COMPILE_ONLY_SMS, kernels._COMPILE_ONLY_ARCH = saved
     return list(variants.values())
 
 # %% ../book/appendix_f_gluon.ipynb #07079f56
 def _gluon_worker(argv=None) -> int:
     "The child process of `inspect_gluon`: compile, write the report as JSON."
-    p = argparse.ArgumentParser(prog="kimi_mlp.gluon worker")
+    p = argparse.ArgumentParser(prog="kimi_mlp.gluon_codegen worker")
     for name in ("--m", "--hidden-size", "--intermediate-size", "--out"):
         p.add_argument(name, required=True)
     a = p.parse_args(argv)

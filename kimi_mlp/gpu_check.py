@@ -223,11 +223,11 @@ def native_matches_integer(block: nn.Module, h: torch.Tensor) -> bool | None:
     if not kernels._native(h.device):
         return None
     native = rounding_outputs(block, h)
-    kernels.NATIVE = False
+    kernels.numerics.NATIVE = False          # read by `_native` at each launch
     try:
         integer = rounding_outputs(block, h)
     finally:
-        kernels.NATIVE = True
+        kernels.numerics.NATIVE = True
     same = lambda a, b: torch.equal(a.view(torch.uint8), b.view(torch.uint8))
     return all(same(a.contiguous(), b.contiguous()) for a, b in zip(native, integer))
 
@@ -438,7 +438,7 @@ def gpucheck_main(argv=None) -> int:
     from kimi_mlp.fused import FusedFp8DenseMLP, random_dense_block   # the kernels
     block = random_dense_block(d, f, device=device, seed=args.seed)
     if args.path == "gluon":
-        from kimi_mlp.gluon import GluonFp8DenseMLP
+        from kimi_mlp.kernels.gluon import GluonFp8DenseMLP
         fused = GluonFp8DenseMLP(block, gate_up=True)       # both Gluon kernels
     else:
         fused = FusedFp8DenseMLP(block, mode=None if args.path == "auto" else args.path)

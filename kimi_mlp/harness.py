@@ -586,7 +586,7 @@ def run_bench(args: argparse.Namespace) -> int:
         out = (
             Path(tempfile.mkdtemp(prefix="kimi-mlp-bench-"))
             if args.cpu_smoke
-            else Path(kernels.__file__).resolve().parent.parent / "book" / "data"
+            else Path(gpus.__file__).resolve().parent.parent / "book" / "data"
         )
     lines, where = [], {}
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -72,8 +73,8 @@ def book_mode() -> BookMode:
     rehearse = os.environ.get("KIMI_BOOK_MODE")
     if rehearse in ("rehearsal", "rehearsal-w8a16"):
         os.environ["TRITON_INTERPRET"] = "1"
-        if rehearse == "rehearsal-w8a16":    # the kernels stand for an A100 (sm_80)
-            os.environ["KIMI_MLP_INTERPRETER_ARCH"] = "80"
+        if rehearse == "rehearsal-w8a16":    # the kernels stand for an A100 (sm_80),
+            os.environ["KIMI_MLP_TARGET"] = "sm_80"   # read when they are imported
         without = ", as a GPU without e4m3 runs it" if rehearse != "rehearsal" else ""
         return _agreed(
             BookMode(
@@ -273,22 +274,12 @@ def rate(
     return r
 
 # %% ../book/appendix_c_measuring.ipynb #6d1e0b4f
-@contextlib.contextmanager
 def launches_stubbed():
-    """Inside the block every Triton launch, `kernel[grid](...)`, returns None at once
-    without running (compiled and interpreted kernels alike). For timing host code."""
-    from triton.runtime import interpreter
-    from triton.runtime.jit import JITFunction
-    noop = lambda *args, **kwargs: None
-    launchers = [JITFunction, interpreter.InterpretedFunction]
-    saved = [cls.__getitem__ for cls in launchers]
-    for cls in launchers:
-        cls.__getitem__ = lambda self, grid: noop
-    try:
-        yield
-    finally:
-        for cls, getitem in zip(launchers, saved):
-            cls.__getitem__ = getitem
+    """Inside the block every launch of the package's kernels returns None at once
+    without running (chapter 7's `launch`, the one function they all start through,
+    is what stands in). For timing host code."""
+    from kimi_mlp import kernels
+    return kernels.launches_stubbed()
 
 
 def host_time_us(fn, plan_sms: int | None = None, number: int = 1000,
@@ -298,13 +289,11 @@ def host_time_us(fn, plan_sms: int | None = None, number: int = 1000,
     `plan_sms`: plan the kernels as for a GPU with that many SMs."""
     import timeit
     from kimi_mlp import kernels
-    saved = kernels._COMPILE_ONLY_SMS
-    with launches_stubbed(), torch.no_grad():
-        kernels._COMPILE_ONLY_SMS = plan_sms if plan_sms is not None else saved
-        try:
-            fn()
-            rounds = timeit.repeat(fn, number=number, repeat=repeat,
-                                   timer=time.process_time)
-        finally:
-            kernels._COMPILE_ONLY_SMS = saved
+    target = None
+    if plan_sms is not None:             # the interpreter's family, that many SMs
+        target = dataclasses.replace(kernels.INTERPRETER_TARGET, sms=plan_sms)
+    with kernels.launches_stubbed(target), torch.no_grad():
+        fn()
+        rounds = timeit.repeat(fn, number=number, repeat=repeat,
+                               timer=time.process_time)
     return min(rounds) / number * 1e6

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ['INTERPRETED', 'REDECORATED']
+__all__ = ['INTERPRETED', 'REDECORATED', 'CompileOnlyDriver', 'compiling_for']
 
 # %% ../book/appendix_c_measuring.ipynb #b1e7c2a1
 # kimi_mlp.triton_adapter: the one module that touches Triton's internals. It imports
 # nothing of the package, so that chapter 7's kernels can import it first.
+import contextlib
 import os
 import sys
 
@@ -78,3 +79,48 @@ if INTERPRETED:                       # the library works under the interpreter,
             "and its library could not be switched to the interpreter; import "
             "kimi_mlp.kernels before triton (and before transformers), or set "
             "TRITON_INTERPRET=1 before anything imports triton") from None
+
+# %% ../book/appendix_c_measuring.ipynb #b1e7c2a3
+class CompileOnlyDriver:
+    """A Triton driver for a GPU that is not there: it names the target the compiler
+    generates code for (a `triton.backends.compiler.GPUTarget`), a device of its own
+    and stream 0. Whatever would touch a device (loading a binary, launching, timing) is
+    missing, with a message that says so. Triton keeps its compiled kernels per device,
+    so each target's device name keeps them apart: several targets compile in one
+    process."""
+    def __init__(self, target):
+        self.target = target
+        self.device = f"compile-only {target.backend} {target.arch}"
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return self.device
+
+    def set_current_device(self, device):
+        pass
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def __getattr__(self, name):
+        raise AttributeError(f"CompileOnlyDriver.{name}: this driver compiles for "
+                             f"{self.target} and has no GPU to load, launch or time on")
+
+
+@contextlib.contextmanager
+def compiling_for(capability: tuple):
+    """Inside the block Triton's compiler generates code for a CUDA GPU of compute
+    capability (major, minor), whatever GPU (or none) is here: chapter 7's
+    `compile_only` uses it. Triton's active driver is set to a `CompileOnlyDriver`, and
+    the one before restored after."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+    previous = driver._active       # Triton's DriverConfig field (3.6 to 3.9), or None
+    driver.set_active(CompileOnlyDriver(GPUTarget("cuda", 10 * capability[0]
+                                                  + capability[1], 32)))
+    try:
+        yield
+    finally:
+        driver.set_active(previous)   # None again where none was set: made when asked

@@ -64,3 +64,22 @@ def pytest_collection_modifyitems(config, items):
              and not hasattr(modules[e.split("::")[0]], e.split("::")[1])]
     if stale:
         raise pytest.UsageError(f"tests/conftest.py SLOW names no test: {stale}")
+
+
+@pytest.fixture
+def patch_everywhere(monkeypatch):
+    """`monkeypatch.setattr(module, name, value)` for a name that several modules of the
+    package hold: chapter 7's modules import names from one another (and
+    `kimi_mlp.kernels` re-exports them), so every kimi_mlp module bound to the same
+    object gets `value`, and a call from any of them sees it. Undone after the test."""
+    import sys
+
+    def patch(module, name, value):
+        ours = [mod for key, mod in list(sys.modules.items()) if mod is not None
+                and (key == "kimi_mlp" or key.startswith("kimi_mlp."))]
+        old = vars(module)[name] if name in vars(module) else next(
+            vars(mod)[name] for mod in ours if name in vars(mod))   # a submodule's
+        for mod in ours:
+            if name in vars(mod) and vars(mod)[name] is old:
+                monkeypatch.setattr(mod, name, value)
+    return patch

@@ -12,6 +12,8 @@ import matplotlib
 import pytest
 import torch
 
+import kimi_mlp
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
@@ -61,7 +63,7 @@ def test_work_by_hand():
     assert B.ffn_min_bytes(3, weights="bf16") == 2 * 396_361_728 + 14_336 + 3 * 28_672
     with pytest.raises(ValueError, match="weights: expected 'fp8' or 'bf16'"):
         B.ffn_min_bytes(1, weights="int4")
-    root = Path(harness.kernels.__file__).resolve().parent.parent
+    root = Path(kimi_mlp.__file__).resolve().parent.parent
     c = provenance.load_ceilings(root / "book" / "data" / "h200_ceilings.json")
     assert c["sources"]["fp8_flop_per_s"]["status"].startswith("datasheet lead")
     assert B.roofline_floor_s(1, c) == pytest.approx(B.ffn_min_bytes(1) / 4.3e12)    # memory-bound

@@ -282,7 +282,7 @@ for arch, bf16 in ((75, False), (80, True), (86, True)):
     t = "*bf16" if bf16 else "*fp16"
     sig = {"c_ptr": "*u8", "out_ptr": t, "n": "i32", "BF16": "constexpr",
            "BLOCK": "constexpr"}
-    src = ASTSource(kernels._decode_kernel, sig, {"BF16": bf16, "BLOCK": 1024})
+    src = ASTSource(kernels.dequant._decode_kernel, sig, {"BF16": bf16, "BLOCK": 1024})
     decode = triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm["ptx"]
     o = "*i16" if bf16 else "*fp16"
     sig = {"x_ptr": t, "w_ptr": "*u8", "w_s_ptr": "*fp32", "c_ptr": o, "r_ptr": "*i16",
@@ -291,7 +291,7 @@ for arch, bf16 in ((75, False), (80, True), (86, True)):
           "SPLIT": False, "HAS_RESIDUAL": bf16, "BF16": bf16, "OUT_BF16": bf16,
           "UPCAST": False}
     sig.update({key: "constexpr" for key in cx})
-    src = ASTSource(kernels._w8a16_gemm_kernel, sig, cx)
+    src = ASTSource(kernels.w8a16._w8a16_gemm_kernel, sig, cx)
     gemm = triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm["ptx"]
     ops = matrix_instructions(gemm)["ops"]
     out[arch] = {"e4m3": "e4m3" in decode + gemm,
@@ -359,7 +359,7 @@ def test_every_gpu_family_compiles_the_block_without_spills(tmp_path, arch,
         assert matrix_summary(v["matrix"]) == FAMILY_MATRIX[family], name
         n, k = (18432, 7168) if kind == "gate_up" else (7168, 18432)
         for x in v["launches"]:
-            row = kernels._tile_row(kind, x["m"], n, k, None, family)
+            row = kernels.plan._tile_row(kind, x["m"], n, k, None, family)
             assert (v["constexprs"]["BLOCK_M"], v["num_warps"]) == (
                 row["BLOCK_M"], row["num_warps"]), (name, x["m"])
             assert v["registers"] <= row["regs"], (name, x["m"], v["registers"])

@@ -27,7 +27,7 @@ y = fused_ffn_block(h, b)
 b.mlp.mode = "w8a8"
 print(k.INTERPRETED, torch.equal(y, b(h)),
       hashlib.sha256(y.view(torch.int16).numpy()).hexdigest(),
-      k.triton_adapter.REDECORATED > 0)
+      k.runtime.triton_adapter.REDECORATED > 0)
 """
 
 
@@ -294,14 +294,14 @@ def test_a_long_directory_name_that_is_legal_is_written(tmp_path):
 # --- The caches of the fused module -------------------------------------------------------
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter runs programs in turn")
-def test_an_interrupt_inside_a_split_launch_leaves_no_stale_counter(monkeypatch):
+def test_an_interrupt_inside_a_split_launch_leaves_no_stale_counter(monkeypatch, patch_everywhere):
     """A launch cut short after one slice of a tile arrived (an interrupt inside the
     gate/up launch, split 3 ways): the next call at the same M gives the same bits as
     before, because the cached intermediates with their arrival counters were dropped."""
     from kimi_mlp import kernels as K
     from kimi_mlp.fused import FusedFp8DenseMLP, random_dense_block
-    real_plan, real_last = K._plan_for, K._last_of_tile
-    monkeypatch.setattr(K, "_plan_for", lambda kind, m, n, k, device, *a, **kw:
+    real_plan, real_last = K._plan_for, K.gemm._last_of_tile
+    patch_everywhere(K, "_plan_for", lambda kind, m, n, k, device, *a, **kw:
                         real_plan(kind, m, n, k, device, 3))
     fused = FusedFp8DenseMLP(random_dense_block(384, 330, seed=1))
     gen = torch.Generator().manual_seed(9)
@@ -318,10 +318,10 @@ def test_an_interrupt_inside_a_split_launch_leaves_no_stale_counter(monkeypatch)
     with torch.no_grad():
         want = FusedFp8DenseMLP(fused)(h2)          # a module of its own
         fused(h)                                    # the scratch for M = 2 is kept
-        monkeypatch.setattr(K, "_last_of_tile", cut_short)
+        patch_everywhere(K, "_last_of_tile", cut_short)
         with pytest.raises(KeyboardInterrupt):
             fused(h)
-        monkeypatch.setattr(K, "_last_of_tile", real_last)
+        patch_everywhere(K, "_last_of_tile", real_last)
         assert torch.equal(fused(h2), want)
         assert torch.equal(fused(h2), want)
 

@@ -113,32 +113,29 @@ def test_force_reduce_with_one_slice_is_still_the_fused_epilogue():
     assert torch.equal(fused[1], reduced[1]) and torch.equal(fused[2], reduced[2])
 
 
-class _Counted:
-    "A kernel whose launches are appended to `log` as (name, grid)."
+def _counting(log):
+    "Chapter 7's `launch`, appending (kernel name, grid) to `log` before it runs."
+    real = K.launch
 
-    def __init__(self, name, kernel, log):
-        self.name, self.kernel, self.log = name, kernel, log
-
-    def __getitem__(self, grid):
-        self.log.append((self.name, tuple(grid)))
-        return self.kernel[grid]
+    def launch(kernel, grid, *args, **kwargs):
+        log.append((kernel.__name__, tuple(grid)))
+        return real(kernel, grid, *args, **kwargs)
+    return launch
 
 
 @interpreted
 # M <= 16 is the target; every M of appendix D's table, 32 included, is held to three
 # launches by test_codegen's compile-only runs
 @pytest.mark.parametrize("m", [1, 16])
-def test_the_split_fused_block_makes_three_launches(m, monkeypatch):
+def test_the_split_fused_block_makes_three_launches(m, monkeypatch, patch_everywhere):
     """The FP8 block at decode with both GEMMs split (forced: the interpreter's one SM
     never splits) launches rmsnorm_quant, gate/up, down: three kernels, no reduction and
     no fill (the counters live in the cached scratch), and its output is the same bits
     with the reductions as separate launches."""
     log = []
-    for name in dir(K):
-        if name.endswith("_kernel"):
-            monkeypatch.setattr(K, name, _Counted(name, getattr(K, name), log))
+    patch_everywhere(K, "launch", _counting(log))     # every kernel starts through it
     real_plan = K._plan_for
-    monkeypatch.setattr(K, "_plan_for", lambda kind, m, n, k, device, *a, **kw:
+    patch_everywhere(K, "_plan_for", lambda kind, m, n, k, device, *a, **kw:
                         real_plan(kind, m, n, k, device, 3))
     base = random_dense_block(384, 330, seed=1)
     block = FusedFp8DenseMLP(base)
@@ -157,9 +154,9 @@ def test_the_split_fused_block_makes_three_launches(m, monkeypatch):
     plans, scratch = block._per_m[m]
     assert all(not c.any() for c in scratch[7::2])        # both counters zero again
     real_gate_up, real_gemm = K._launch_gate_up, K._launch_gemm
-    monkeypatch.setattr(K, "_launch_gate_up", lambda *a, **kw: real_gate_up(
+    patch_everywhere(K, "_launch_gate_up", lambda *a, **kw: real_gate_up(
         *a, **dict(kw, force_reduce=True)))
-    monkeypatch.setattr(K, "_launch_gemm", lambda *a, **kw: real_gemm(
+    patch_everywhere(K, "_launch_gemm", lambda *a, **kw: real_gemm(
         *a[:7], force_reduce=True))
     log.clear()
     with torch.no_grad():

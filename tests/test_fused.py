@@ -106,7 +106,7 @@ def test_order_free_launches_are_bitwise(blocks, shape, m):
         assert torch.equal(out, ref)
 
 
-def test_poisoning_catches_an_unwritten_output(blocks, monkeypatch):
+def test_poisoning_catches_an_unwritten_output(blocks, monkeypatch, patch_everywhere):
     "The poison is real: a down kernel that forgets half its rows fails the comparison."
     block = blocks[SHAPES[0]]
     real = kernels._launch_gemm
@@ -116,7 +116,7 @@ def test_poisoning_catches_an_unwritten_output(blocks, monkeypatch):
         real(a[:m], a_s[:m], w, w_s, out[:m], residual[:m], plan, ws, counters)
         return out
 
-    monkeypatch.setattr(kernels, "_launch_gemm", half_written)
+    patch_everywhere(kernels, "_launch_gemm", half_written)
     h = torch.randn(4, 256, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
     with torch.no_grad(), poisoned_allocations():
         out = fused_ffn_block(h, block)
@@ -134,14 +134,14 @@ def test_poisoned_allocations_restores_torch():
     assert torch.empty is empty
 
 
-def test_three_launches_in_order(blocks, monkeypatch):
+def test_three_launches_in_order(blocks, monkeypatch, patch_everywhere):
     "The lean path calls chapter 7's launchers, in order, and no checking wrapper."
     block = blocks[SHAPES[1]]
     calls = []
     for name in ("_launch_rmsnorm_quant", "_launch_gate_up", "_launch_gemm",
                  "rmsnorm_quant", "fp8_gate_up_swiglu_quant", "fp8_down_residual"):
         real = getattr(kernels, name)
-        monkeypatch.setattr(kernels, name, lambda *a, _real=real, _name=name, **k:
+        patch_everywhere(kernels, name, lambda *a, _real=real, _name=name, **k:
                             calls.append(_name) or _real(*a, **k))
     h = torch.randn(2, 320, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
     with torch.no_grad():
@@ -352,13 +352,13 @@ def test_ffn_tensors_requires_rms_norm_semantics():
         fused_ffn_block(torch.zeros(2, 256, dtype=torch.bfloat16), ResidualBlock(ln, block.mlp))
 
 
-def test_offset_guard_fires_before_the_first_launch(monkeypatch):
+def test_offset_guard_fires_before_the_first_launch(monkeypatch, patch_everywhere):
     """M x intermediate >= 2^31 overflows the kernels' 32-bit offsets: refused before
     rmsnorm_quant launches, not by the second kernel after the first has run."""
     block = random_dense_block(128, 16384, seed=5)
     h = torch.zeros(2**31 // 16384, 128, dtype=torch.bfloat16)
     launched = []
-    monkeypatch.setattr(kernels, "_launch_rmsnorm_quant", lambda *a, **k: launched.append(1))
+    patch_everywhere(kernels, "_launch_rmsnorm_quant", lambda *a, **k: launched.append(1))
     with pytest.raises(ValueError, match="32-bit element offsets"):
         fused_ffn_block(h, block)
     assert not launched

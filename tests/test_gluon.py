@@ -12,7 +12,7 @@ import torch
 
 from kimi_mlp import codegen
 from kimi_mlp.fused import FusedFp8DenseMLP, random_dense_block
-from kimi_mlp.gluon import (GLUON_MIN_M, GluonFp8DenseMLP, gluon_fp8_gemm,
+from kimi_mlp.kernels.gluon import (GLUON_MIN_M, GluonFp8DenseMLP, gluon_fp8_gemm,
                             gluon_gate_up_swiglu_quant)
 from kimi_mlp.gluon_codegen import inspect_gluon, loop_waits
 from kimi_mlp.gpu_check import check_gluon_once, gpucheck_main
@@ -169,7 +169,8 @@ def test_the_gluon_module_wires_the_block_as_the_triton_one(monkeypatch, gate_up
     kernels of the same contract (the interpreter cannot run Gluon), GLUON_MIN_M set
     to 4 to keep the shapes small: from GLUON_MIN_M tokens on, the module's scratch, plans and operands reach them in the right places,
     so the output is the Triton module's, bit for bit; below, it is the Triton path."""
-    from kimi_mlp import gluon, kernels
+    from kimi_mlp import kernels
+    from kimi_mlp.kernels import gluon
     monkeypatch.setattr(gluon, "check_gluon_device", lambda device: None)
     monkeypatch.setattr(gluon, "gluon_fp8_gemm", lambda p, ps, w, ws, r:
                         kernels.fp8_down_residual(p, ps, w, ws, r))

@@ -30,9 +30,10 @@ A100 = {"name": "NVIDIA A100-SXM4-80GB", "capability": (8, 0), "sms": 108}
 
 
 def _clear_device_caches():
-    for name in ("_cuda_sms", "_cuda_arch", "_tuned_tiles", "_plan"):
-        getattr(kernels, name).cache_clear()
-    kernels._NATIVE_OK.clear()
+    for cached in (kernels.runtime._cuda_target, kernels.plan._tuned_tiles,
+                   kernels.plan._plan):
+        cached.cache_clear()
+    kernels.numerics._NATIVE_OK.clear()
 
 
 @pytest.fixture
@@ -268,7 +269,7 @@ class _StandInStream:
         pass
 
 
-def test_a_captured_graph_keeps_every_tensor_its_launches_touch(monkeypatch):
+def test_a_captured_graph_keeps_every_tensor_its_launches_touch(monkeypatch, patch_everywhere):
     """A CUDA graph holds addresses, not tensors. Capture the block's launches (torch's
     graph API stubbed, every Triton launch recorded instead of run) and check that every
     tensor a captured launch received is still alive once nothing but the module holds
@@ -313,7 +314,7 @@ def test_a_captured_graph_keeps_every_tensor_its_launches_touch(monkeypatch):
     monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
     monkeypatch.setattr(torch.cuda, "graph", CaptureInto)
     # 132 SMs: both GEMMs split K at M = 1 here, so there are partials to keep as well
-    monkeypatch.setattr(kernels, "device_sms", lambda device: 132)
+    patch_everywhere(kernels, "device_sms", lambda device: 132)
     kernels._plan.cache_clear()
     module = FusedFp8DenseMLP(random_dense_block(1024, 1024, seed=1))
     module.capture_graphs((1, 3))
@@ -331,11 +332,11 @@ def test_a_captured_graph_keeps_every_tensor_its_launches_touch(monkeypatch):
 # -- runs cut short ------------------------------------------------------------------
 
 
-def test_tune_writes_its_table_after_every_bucket(fake_gpu, monkeypatch, tmp_path):
+def test_tune_writes_its_table_after_every_bucket(fake_gpu, monkeypatch, tmp_path, patch_everywhere):
     """A tune run killed after two buckets leaves a file that loads, those two buckets
     tuned, every other one at the table's row."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(kernels, "INTERPRETED", False)
+    patch_everywhere(kernels, "INTERPRETED", False)
     done = []
 
     class Killed(BaseException):
@@ -448,22 +449,22 @@ def test_mypy_finds_no_undefined_name_or_attribute(tmp_path):
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-2000:]
 
 
-def test_the_hardware_conversions_are_decided_once_per_gpu(fake_gpu, monkeypatch):
+def test_the_hardware_conversions_are_decided_once_per_gpu(fake_gpu, monkeypatch, patch_everywhere):
     """`_native` on a CUDA device: the probe's answer for that GPU's target, asked once
     and kept per device (the probe itself compiles for real in test_codegen)."""
     import triton
     asked = []
-    monkeypatch.setattr(kernels, "NATIVE", True)
+    patch_everywhere(kernels, "NATIVE", True)
     monkeypatch.setattr(torch.cuda, "device", lambda index: contextlib.nullcontext())
     monkeypatch.setattr(triton.runtime.driver, "_active", types.SimpleNamespace(
         get_current_target=lambda: ("cuda", 89, 32)), raising=False)
     monkeypatch.setattr(type(triton.runtime.driver), "active",
                         property(lambda self: self._active), raising=False)
-    monkeypatch.setattr(kernels, "_e4m3_rounds_once",
+    patch_everywhere(kernels, "_e4m3_rounds_once",
                         lambda target: asked.append(target) or False)
     assert kernels._native(CUDA0) is False and kernels._native(CUDA0) is False
     assert asked == [("cuda", 89, 32)]
-    monkeypatch.setattr(kernels, "NATIVE", False)             # switched off: integer
+    patch_everywhere(kernels, "NATIVE", False)             # switched off: integer
     assert kernels._native(torch.device("cuda", 1)) is False and len(asked) == 1
 
 

@@ -116,8 +116,8 @@ def _roundings_kernel(x_ptr, e4m3_ptr, bf16_ptr, n, BLOCK: tl.constexpr):
     mask = offs < n
     x = tl.load(x_ptr + offs, mask=mask, other=0.0)
     q = tl.minimum(tl.maximum(x, -448.0), 448.0)
-    tl.store(e4m3_ptr + offs, K._e4m3_code(q), mask=mask)
-    tl.store(bf16_ptr + offs, K._round_to_bf16(x), mask=mask)
+    tl.store(e4m3_ptr + offs, K.numerics._e4m3_code(q), mask=mask)
+    tl.store(bf16_ptr + offs, K.numerics._round_to_bf16(x), mask=mask)
 
 
 def rounding_probe_values():
@@ -739,7 +739,7 @@ def test_round_to_bf16_keeps_nan_and_inf():
     def _round_kernel(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
         offs = tl.arange(0, BLOCK)
         mask = offs < n
-        y = K._round_to_bf16(tl.load(x_ptr + offs, mask=mask, other=0.0))
+        y = K.numerics._round_to_bf16(tl.load(x_ptr + offs, mask=mask, other=0.0))
         tl.store(y_ptr + offs, y, mask=mask)
 
     bits32 = torch.tensor([0x7FC00000, 0x7F800001, 0x7FFFFFFF, 0xFFFFFFFF, 0x7F800000,
@@ -757,8 +757,8 @@ def test_round_to_bf16_keeps_nan_and_inf():
 def _native_bits_kernel(x_ptr, e4m3_ptr, bf16_ptr, n, BLOCK: tl.constexpr):
     offs = tl.arange(0, BLOCK)
     x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
-    tl.store(e4m3_ptr + offs, K._e4m3_bits(x, True), mask=offs < n)
-    tl.store(bf16_ptr + offs, K._to_bf16(x, True), mask=offs < n)
+    tl.store(e4m3_ptr + offs, K.numerics._e4m3_bits(x, True), mask=offs < n)
+    tl.store(bf16_ptr + offs, K.numerics._to_bf16(x, True), mask=offs < n)
 
 
 @interpreted

@@ -40,9 +40,9 @@ def test_rehearsal_runs_the_gpu_code_at_the_cpu_shapes():
     assert p.stdout.splitlines() == ["True True cpu 1", "rehearsal on the CPU: ran, not timed"]
 
 
-def test_book_mode_refuses_to_follow_kernels_imported_the_other_way(monkeypatch):
+def test_book_mode_refuses_to_follow_kernels_imported_the_other_way(monkeypatch, patch_everywhere):
     import kimi_mlp.kernels as kernels
-    monkeypatch.setattr(kernels, "INTERPRETED", not kernels.INTERPRETED)
+    patch_everywhere(kernels, "INTERPRETED", not kernels.INTERPRETED)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     if not kernels.INTERPRETED:                      # pretend they were compiled for a GPU
         with pytest.raises(RuntimeError, match="imported with the interpreter off"):

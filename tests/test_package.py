@@ -55,11 +55,14 @@ def test_public_api():
 
 def _modules(root: Path) -> dict[str, Path]:
     """The package's modules by dotted name relative to it, subpackages included
-    (`kernels.gemm` for kimi_mlp/kernels/gemm.py), without `__init__` and `__main__`."""
+    (`kernels.gemm` for kimi_mlp/kernels/gemm.py, `kernels` for its `__init__`), without
+    the top `__init__` and `__main__`."""
     out = {}
     for p in sorted(root.rglob("*.py")):
         parts = p.relative_to(root).with_suffix("").parts
-        if parts[-1] not in ("__init__", "__main__"):
+        if parts[-1] == "__init__" and len(parts) > 1:      # a subpackage: its name
+            out[".".join(parts[:-1])] = p
+        elif parts[-1] not in ("__init__", "__main__"):
             out[".".join(parts)] = p
     return out
 
@@ -95,7 +98,8 @@ def _imported_modules(path: Path, package: set[str], root: Path | None = None) -
                 continue
             names += [f"{mod}.{a.name}" if mod else a.name for a in node.names]
             names.append(mod)
-    me = ".".join(path.relative_to(root).with_suffix("").parts)
+    parts = path.relative_to(root).with_suffix("").parts
+    me = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)   # a package: its name
     return {m for m in (_resolve(n, package) for n in names if n) if m} - {me}
 
 
@@ -135,6 +139,8 @@ def test_the_import_graph_reads_subpackages(tmp_path):
     (tmp_path / "config.py").write_text("")
     files = _modules(tmp_path)
     assert set(files) == {"kernels.gemm", "kernels.act", "tiles", "config"}
+    (tmp_path / "kernels" / "__init__.py").write_text("from .gemm import *\n")
+    assert _modules(tmp_path)["kernels"] == tmp_path / "kernels" / "__init__.py"
     assert _imported_modules(files["kernels.gemm"], set(files), tmp_path) == {
         "tiles", "kernels.act", "config"}
     assert _imported_modules(files["tiles"], set(files), tmp_path) == {"kernels.gemm"}
@@ -145,7 +151,9 @@ def test_the_import_graph_reads_subpackages(tmp_path):
 #: internals; appendix G's registry of GPU families), and appendix B's command line,
 #: which chapter 10's command extends.
 TEACHING = ("safetensors_io", "tiles", "triton_adapter", "gpus", "config", "rmsnorm", "block", "swiglu", "fp8",
-            "checkpoint", "cli", "kernels", "fused", "bench", "parallel", "hf")
+            "checkpoint", "cli", "kernels.runtime", "kernels.numerics", "kernels.dequant",
+            "kernels.norm_quant", "kernels.plan", "kernels.gemm", "kernels.epilogues",
+            "kernels.w8a16", "kernels", "fused", "bench", "parallel", "hf")
 
 
 def test_teaching_modules_import_only_earlier_chapters():

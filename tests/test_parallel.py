@@ -165,14 +165,14 @@ def test_split_in_one_process(impl, rng):
     assert not tp.compare_with_single_rank(mine, ref, p)["within"]
 
 
-def test_shards_cut_k_like_the_unsharded_block(monkeypatch, rng):
+def test_shards_cut_k_like_the_unsharded_block(monkeypatch, rng, patch_everywhere):
     """On a GPU the planner cuts K by the number of tiles, and a shard has fewer: left
     alone, its gate/up GEMM would sum other slices, and the quantization groups of p
     would no longer be the unsharded ones. With the SM count stubbed (8 here makes the
     cuts differ at these small sizes, as 132 does at Kimi K2's) every rank's groups
     must still be bit for bit, through ffn_partial and through tp_ffn_block."""
     from kimi_mlp import kernels
-    monkeypatch.setattr(kernels, "device_sms", lambda device: 8)
+    patch_everywhere(kernels, "device_sms", lambda device: 8)
     kernels._plan.cache_clear()
     cpu = torch.device("cpu")
     whole = kernels._plan_for("gate_up", 1, 1024, 1024, cpu)["split_k"]

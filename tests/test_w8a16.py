@@ -165,12 +165,12 @@ def test_the_benchmark_runs_the_w8a16_path():
         harness.bench(ms=(1,), cpu_smoke=True, path="fp8", log=lambda *a: None)
 
 
-def test_the_providers_on_a_gpu_without_e4m3(block, monkeypatch):
+def test_the_providers_on_a_gpu_without_e4m3(block, monkeypatch, patch_everywhere):
     """What `make_providers` gives on an Ampere GPU (its family stubbed, the block on the
     CPU): the fused module on the W8A16 path in bf16, the unfused W8A16 pipeline, and the
     two FP8 pipelines unavailable with the reason, without a function to call."""
     from kimi_mlp import harness
-    monkeypatch.setattr(K, "device_arch", lambda device: 80)
+    patch_everywhere(K, "device_arch", lambda device: 80)
     provs = harness.make_providers(block, ("fused", "unfused_w8a16", "unfused_w8a8",
                                            "scaled_mm"))
     assert (provs["fused"]["path"], provs["fused"]["w8a16"]) == ("w8a16", "bf16")

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kimi_mlp.codegen import MODEL_M, inspect_kernels, model_entry, write_model  # noqa: E402
-from kimi_mlp.gluon import GLUON_MIN_M  # noqa: E402
+from kimi_mlp.kernels.gluon import GLUON_MIN_M  # noqa: E402
 from kimi_mlp.gluon_codegen import inspect_gluon  # noqa: E402
 
 PATH = ROOT / "book" / "data" / "h200_model.json"
