@@ -30,13 +30,15 @@ __all__ = ['COMMANDS', 'EXTERNAL_COMMANDS', 'EXIT_OK', 'EXIT_FAILED', 'EXIT_USAG
 # %% ../book/appendix_b_cli.ipynb #6d35a103
 COMMANDS: dict[str, tuple[str, object, object]] = {}  # name -> (help, add_args, run)
 EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {  # name -> (module, help)
-    "bench": ("kimi_mlp.harness", "GPU benchmarks (chapter 9, appendix E)"),
+    "bench": ("kimi_mlp.apparatus.harness", "GPU benchmarks (chapter 9, appendix E)"),
     "gpu-report": (
-        "kimi_mlp.report",
+        "kimi_mlp.apparatus.report",
         "everything that needs a GPU, in one run (appendix C)",
     ),
-    "inspect": ("kimi_mlp.codegen", "the kernels compiled for a GPU (appendix D)"),
-    "tune": ("kimi_mlp.tune", "this GPU's tile table, timed -> JSON (appendix E)"),
+    "inspect": ("kimi_mlp.apparatus.codegen",
+                "the kernels compiled for a GPU (appendix D)"),
+    "tune": ("kimi_mlp.apparatus.tune",
+             "this GPU's tile table, timed -> JSON (appendix E)"),
     "tp-check": (
         "kimi_mlp.parallel",
         "the block split across ranks, under torchrun (ch. 10)",

@@ -1,5 +1,5 @@
 """Chapter 9 and appendix E: the roofline (kimi_mlp.bench) and the benchmark harness
-(kimi_mlp.harness) without a GPU.
+(kimi_mlp.apparatus.harness) without a GPU.
 
 The plot and target functions are exercised on a SYNTHETIC record written to a temporary directory
 (kind "synthetic-test", GPU "FAKE GPU"): its numbers are invented for the test and mean nothing. It is
@@ -21,9 +21,9 @@ from pathlib import Path  # noqa: E402
 
 from kimi_mlp import bench as B  # noqa: E402  (chapter 9)
 from kimi_mlp import fused as FU  # noqa: E402
-from kimi_mlp import harness, plots, provenance, records  # noqa: E402  (appendices C, E)
+from kimi_mlp.apparatus import harness, plots, provenance, records  # noqa: E402  (appendices C, E)
 from kimi_mlp.fused import random_dense_block  # noqa: E402
-from kimi_mlp.gpu_check import dequantized_weights, torch_bf16_ffn  # noqa: E402
+from kimi_mlp.apparatus.gpu_check import dequantized_weights, torch_bf16_ffn  # noqa: E402
 
 FAKE_CEILINGS = {"copy_bytes_per_s": 4.0e12, "bf16_flop_per_s": 8.0e14, "fp8_flop_per_s": 1.6e15}
 
@@ -232,7 +232,7 @@ def test_cli_refuses_without_gpu(capsys):
 
 
 def test_cli_dispatch_from_the_package_command_line(tmp_path):
-    "`python -m kimi_mlp bench ...` reaches kimi_mlp.harness.main through Appendix B's main()."
+    "`python -m kimi_mlp bench ...` reaches kimi_mlp.apparatus.harness.main through Appendix B's main()."
     from kimi_mlp.cli import main
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

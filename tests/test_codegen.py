@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from kimi_mlp import codegen, gpus, kernels
-from kimi_mlp.codegen import (INSPECT_M, SHARED_MEM_LIMIT, format_table,
+from kimi_mlp import gpus, kernels
+from kimi_mlp.apparatus import codegen
+from kimi_mlp.apparatus.codegen import (INSPECT_M, SHARED_MEM_LIMIT, format_table,
                               matrix_instructions, matrix_summary, parse_ptxas,
                               ptx_excerpt, shared_buffers)
 
@@ -216,22 +217,24 @@ def test_the_fused_block_compiles_for_sm90a(tmp_path, record_property):
     assert len(table.splitlines()) == 2 + len(report["variants"])
 
 
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_89"])
-def test_every_gpu_check_and_benchmark_variant_compiles_without_spills(tmp_path, arch,
-                                                                       record_property):
-    """`inspect --arch A --workload gpucheck,bench`: every launch of appendix C's GPU
+def test_every_gpu_check_and_benchmark_variant_compiles_without_spills(record_property):
+    """`inspect --workload gpucheck,bench` for Hopper and Ada, both compiled in one
+    process (`inspect_matrix`): every launch of appendix C's GPU
     check (the integer variants included where the hardware's conversions are used)
     and of the benchmark's Triton providers, at their own token counts (1 to 8192),
     compiled for Hopper and for Ada. None spills, none needs more shared memory than
     a block may have, every GEMM is on FP8 tensor cores (wgmma on Hopper, mma.sync
     k32 on Ada) without a conversion to f16, and the hardware's e4m3 conversion is used
     exactly where it rounds once (chapter 7's probe, `native_e4m3` in the report)."""
-    path = tmp_path / "codegen.json"
-    cmd = [sys.executable, "-m", "kimi_mlp", "inspect", "--arch", arch, "--workload",
-           "gpucheck,bench", "--json", str(path)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-4000:]
-    report = json.loads(path.read_text())
+    reports = codegen.inspect_matrix({90: None, 89: None}, None,
+                                     workloads=("gpucheck", "bench"))
+    for arch, report in zip(("sm_90a", "sm_89"), reports, strict=True):
+        _check_gpucheck_and_bench(arch, report, record_property)
+    assert not {v["hash"] for v in reports[0]["variants"]} & {
+        v["hash"] for v in reports[1]["variants"]}          # each target its own binaries
+
+
+def _check_gpucheck_and_bench(arch, report, record_property):
     family = gpus.by_target(arch).arch
     assert report["target"] == arch and report["arch"] == family
     assert {x["workload"] for v in report["variants"] for x in v["launches"]} == {
@@ -265,8 +268,7 @@ def test_every_gpu_check_and_benchmark_variant_compiles_without_spills(tmp_path,
                     if (r["SWAP"], r["BLOCK_M"], r["num_warps"], r["num_stages"])
                     == (c["SWAP"], c["BLOCK_M"], v["num_warps"], v["num_stages"])]
             assert same and v["registers"] <= max(same), (name, v["registers"], same)
-    table = format_table(report)
-    assert res.stdout.startswith(table + "\n")
+    assert len(format_table(report).splitlines()) == 2 + len(report["variants"])
 
 
 _DECODE_COMPILE = """
@@ -276,7 +278,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from kimi_mlp import kernels
-from kimi_mlp.codegen import matrix_instructions
+from kimi_mlp.apparatus.codegen import matrix_instructions
 out = {}
 for arch, bf16 in ((75, False), (80, True), (86, True)):
     t = "*bf16" if bf16 else "*fp16"
@@ -327,22 +329,25 @@ FAMILY_GEMMS = {"gate_up": ("_gate_up_swiglu_quant_kernel", "_w8a16_gate_up_kern
                 "gemm": ("_fp8_gemm_kernel", "_w8a16_gemm_kernel")}
 
 
-@pytest.mark.parametrize("arch", ["sm_75", "sm_80", "sm_86", "sm_89", "sm_100",
-                                  "sm_120"])
-def test_every_gpu_family_compiles_the_block_without_spills(tmp_path, arch,
-                                                            record_property):
-    """`inspect --arch A --m 1,16,64,4096` for each family besides Hopper (the test
-    above): the W8A16 launches on Turing and Ampere, FP8 mma.sync on Ada and RTX 50xx,
-    tcgen05 on B200. No variant spills or needs more shared memory than a block may
-    have there; every GEMM variant has the family's matrix instruction and at most the
-    registers of its row of chapter 7's tile table (`regs`)."""
-    path = tmp_path / "codegen.json"
-    cmd = [sys.executable, "-m", "kimi_mlp", "inspect", "--arch", arch, "--m",
-           ",".join(map(str, FAMILY_M)), "--json", str(path)]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
-    assert res.returncode == 0, res.stderr[-4000:]
-    assert "spills" not in res.stderr, res.stderr[-2000:]
-    report = json.loads(path.read_text())
+def test_every_gpu_family_compiles_the_block_without_spills(record_property):
+    """`inspect --m 1,16,64,4096` for each family besides Hopper (the test above), all
+    six compiled in one process (`inspect_matrix`): the W8A16 launches on Turing and
+    Ampere, FP8 mma.sync on Ada and RTX 50xx, tcgen05 on B200. No variant spills or
+    needs more shared memory than a block may have there; every GEMM variant has the
+    family's matrix instruction and at most the registers of its row of chapter 7's
+    tile table (`regs`)."""
+    archs = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_100", "sm_120")
+    reports = codegen.inspect_matrix({gpus.by_target(a).arch: None for a in archs},
+                                     FAMILY_M)
+    for arch, report in zip(archs, reports, strict=True):
+        _check_family(arch, report, record_property)
+    # each target compiled its own binaries (Triton's hash covers the target): none was
+    # found again in the cache of the target before it
+    hashes = [{v["hash"] for v in r["variants"]} for r in reports]
+    assert sum(map(len, hashes)) == len(set().union(*hashes))
+
+
+def _check_family(arch, report, record_property):
     family = gpus.by_target(arch).arch
     assert report["target"] == codegen.target_name(family) and report["arch"] == family
     assert report["ms"] == list(FAMILY_M)

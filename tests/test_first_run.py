@@ -590,7 +590,7 @@ def test_gpucheck_cpu_smoke_honours_the_sizes_it_is_given(tmp_path):
     import io
     import json
 
-    from kimi_mlp.gpu_check import gpucheck_main
+    from kimi_mlp.apparatus.gpu_check import gpucheck_main
     with contextlib.redirect_stdout(io.StringIO()):
         rc = gpucheck_main(["--cpu-smoke", "--hidden-size", "128", "--intermediate-size",
                             "256", "--m", "1", "--out", str(tmp_path)])
@@ -615,7 +615,7 @@ def test_on_a_terminal_bench_draws_a_bar_below_its_table(tmp_path, capsys, monke
     import io
 
     pytest.importorskip("tqdm")
-    from kimi_mlp import harness
+    from kimi_mlp.apparatus import harness
 
     class Terminal(io.StringIO):
         def isatty(self):

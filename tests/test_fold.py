@@ -166,7 +166,7 @@ def test_the_split_fused_block_makes_three_launches(m, monkeypatch, patch_everyw
 
 _FOLD_PTX = """
 import json, sys
-from kimi_mlp import codegen
+from kimi_mlp.apparatus import codegen
 codegen.ptx_excerpt = lambda ptx, *a, **k: ptx            # keep the whole PTX
 out = {v["kernel"]: [v["excerpt"], v["spill_stores"] + v["spill_loads"]]
        for v in codegen.compile_launches((1,)) if v["constexprs"].get("FOLD")}

@@ -16,8 +16,8 @@ from kimi_mlp.fp8 import Fp8DenseMLP, fp8_matmul_blockwise, quantize_activation
 from kimi_mlp.fused import (FusedFp8DenseMLP, deepgemm_measure, ffn_tensors, fused_ffn_block,
                             fused_launch_costs, launch_floor_s, random_dense_block,
                             relative_error, unfused_launch_costs)
-from kimi_mlp.gpu_check import gpucheck_main
-from kimi_mlp.measure import poisoned_allocations
+from kimi_mlp.apparatus.gpu_check import gpucheck_main
+from kimi_mlp.apparatus.measure import poisoned_allocations
 from kimi_mlp.rmsnorm import RMSNorm
 
 SHAPES = [(256, 640), (320, 704)]     # (hidden, intermediate): multiples of 128, and not
@@ -285,7 +285,7 @@ def test_gpucheck_w8a16_checks_the_w8a16_launches_and_keeps_its_own_rows(tmp_pat
 
 def test_the_w8a16_check_fails_on_the_wrong_weights():
     """The W8A16 row is not a formality: a module of another block misses both bounds."""
-    from kimi_mlp.gpu_check import check_w8a16_once
+    from kimi_mlp.apparatus.gpu_check import check_w8a16_once
     block, other = random_dense_block(256, 640, seed=1), random_dense_block(256, 640, seed=2)
     h = torch.randn(3, 256, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
     good = check_w8a16_once(block, h, FusedFp8DenseMLP(block, mode="w8a16"))
@@ -295,7 +295,7 @@ def test_the_w8a16_check_fails_on_the_wrong_weights():
 
 
 def test_gpucheck_reports_a_crash_and_goes_on(tmp_path, monkeypatch, capsys):
-    import kimi_mlp.gpu_check as gpu_check
+    import kimi_mlp.apparatus.gpu_check as gpu_check
     real = gpu_check.check_block_once
     calls = []
 

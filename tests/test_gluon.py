@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from kimi_mlp import codegen
+from kimi_mlp.apparatus import codegen
 from kimi_mlp.fused import FusedFp8DenseMLP, random_dense_block
 from kimi_mlp.kernels.gluon import (GLUON_MIN_M, GluonFp8DenseMLP, gluon_fp8_gemm,
                             gluon_gate_up_swiglu_quant)
-from kimi_mlp.gluon_codegen import inspect_gluon, loop_waits
-from kimi_mlp.gpu_check import check_gluon_once, gpucheck_main
+from kimi_mlp.apparatus.gluon_codegen import inspect_gluon, loop_waits
+from kimi_mlp.apparatus.gpu_check import check_gluon_once, gpucheck_main
 
 FP8 = torch.float8_e4m3fn
 
@@ -51,7 +51,7 @@ def test_the_gluon_gemms_compile_with_triton_3_6_too():
 
 
 def test_a_refill_without_a_barrier_after_the_wait_is_caught():
-    from kimi_mlp.gluon_codegen import barrier_before_refill
+    from kimi_mlp.apparatus.gluon_codegen import barrier_before_refill
     body = ["$L__BB0_2:", "wgmma.wait_group.sync.aligned 1;", "{BARRIER}",
             "@%p1 cp.async.bulk.tensor.2d.shared::cluster.global [%r1], [%rd1, {%r2}];",
             "@%p2 bra $L__BB0_2;"]

@@ -21,7 +21,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kimi_mlp import fused as FU
-from kimi_mlp import gpu_check, gpus, harness, kernels, measure, provenance, report, tiles, tune
+from kimi_mlp import gpus, kernels, tiles
+from kimi_mlp.apparatus import gpu_check, harness, measure, provenance, report, tune
 from kimi_mlp.fused import FusedFp8DenseMLP, random_dense_block
 
 H200 = {"name": "NVIDIA H200", "capability": (9, 0), "sms": 132}

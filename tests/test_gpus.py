@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from kimi_mlp import bench, codegen, gpus, kernels
+from kimi_mlp import bench, gpus, kernels
+from kimi_mlp.apparatus import codegen
 
 ROOT = Path(__file__).resolve().parent.parent
 

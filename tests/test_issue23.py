@@ -118,7 +118,7 @@ def test_7_a_block_size_is_refused_before_anything_is_read_or_sized(tmp_path, bl
 def test_7_token_counts_are_bounded_before_anything_is_sized(capsys):
     import argparse
 
-    from kimi_mlp.gpu_check import MAX_M, _parse_m
+    from kimi_mlp.apparatus.gpu_check import MAX_M, _parse_m
     assert _parse_m(f"1,16,{MAX_M}") == (1, 16, MAX_M)
     for text in ("1099511627776", f"1,{MAX_M + 1}", "0", "x"):
         with pytest.raises(argparse.ArgumentTypeError, match=rf"expected comma-separated "
@@ -283,7 +283,7 @@ def test_6_a_checkpoint_larger_than_memory_is_one_line(tmp_path):
 
 # ---- item 8: usage errors and refusals are one line, with `error:` ----
 def _mains():
-    from kimi_mlp import codegen, gpu_check, harness, report, tune
+    from kimi_mlp.apparatus import codegen, gpu_check, harness, report, tune
     return {"inspect": codegen.main, "bench": harness.main, "tune": tune.tune_main,
             "gpucheck": gpu_check.gpucheck_main, "gpu-report": report.gpu_report_main}
 

@@ -1,4 +1,4 @@
-"""Appendix C (kimi_mlp.measure): the book's mode switch, the notebook runner and the GPU report,
+"""Appendix C (kimi_mlp.apparatus.measure): the book's mode switch, the notebook runner and the GPU report,
 on a machine without a GPU."""
 import json
 import subprocess
@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from kimi_mlp import measure, report
+from kimi_mlp.apparatus import measure, report
 
 
 def run_fresh(code: str, **env) -> subprocess.CompletedProcess:
@@ -21,7 +21,7 @@ def run_fresh(code: str, **env) -> subprocess.CompletedProcess:
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's mode")
 def test_book_mode_without_cuda_picks_the_interpreter_before_the_kernels():
-    p = run_fresh("from kimi_mlp.measure import book_mode; m = book_mode(); "
+    p = run_fresh("from kimi_mlp.apparatus.measure import book_mode; m = book_mode(); "
                   "import os; from kimi_mlp import kernels; "
                   "print(m.gpu, m.device, os.environ['TRITON_INTERPRET'], kernels.INTERPRETED); "
                   "print(m.reason); print(m.pick(cpu='small', gpu='big'))")
@@ -33,7 +33,7 @@ def test_book_mode_without_cuda_picks_the_interpreter_before_the_kernels():
 
 
 def test_rehearsal_runs_the_gpu_code_at_the_cpu_shapes():
-    p = run_fresh("from kimi_mlp.measure import book_mode; m = book_mode(); "
+    p = run_fresh("from kimi_mlp.apparatus.measure import book_mode; m = book_mode(); "
                   "print(m.gpu, m.rehearsal, m.device, m.pick(cpu=1, gpu=2)); "
                   "print(m.rate(lambda: None)['line'])", KIMI_BOOK_MODE="rehearsal")
     assert p.returncode == 0, p.stderr
@@ -80,14 +80,14 @@ def test_a_gpu_without_e4m3_runs_the_w8a16_cells_and_an_older_one_is_named(monke
 
 
 def test_the_w8a16_rehearsal_runs_the_gpu_code_without_the_fp8_cells():
-    p = run_fresh("from kimi_mlp.measure import book_mode; m = book_mode(); "
+    p = run_fresh("from kimi_mlp.apparatus.measure import book_mode; m = book_mode(); "
                   "print(m.gpu, m.rehearsal, m.fp8, m.device, m.pick(cpu=1, gpu=2)); "
                   "print(m.reason)", KIMI_BOOK_MODE="rehearsal-w8a16")
     assert p.returncode == 0, p.stderr
     first, reason = p.stdout.splitlines()
     assert first == "True True False cpu 1" and "CPU, as a GPU without e4m3 runs it" in reason
     # the kernels stand for an A100: an FP8 kernel a cell forgot to guard refuses there
-    p = run_fresh("from kimi_mlp.measure import book_mode; book_mode(); import torch; "
+    p = run_fresh("from kimi_mlp.apparatus.measure import book_mode; book_mode(); import torch; "
                   "from kimi_mlp import kernels; print(kernels.device_arch(torch.device('cpu')))"
                   "\ntry:\n    kernels.act_quant(torch.ones(1, 128))\n"
                   "except RuntimeError as e:\n    print(e)", KIMI_BOOK_MODE="rehearsal-w8a16")

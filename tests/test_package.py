@@ -170,9 +170,13 @@ def test_teaching_modules_import_only_earlier_chapters():
     assert not upward, upward
 
 
-#: The measuring and benchmarking modules (appendices C and E), split by purpose.
+#: The measuring and benchmarking modules (appendices C and E), split by purpose, in
+#: kimi_mlp.apparatus.
 HARNESS = ("measure", "provenance", "gpu_check", "report", "harness", "records", "plots",
            "tune")
+#: Everything the appendices export to measure, compile and report: the subpackage
+#: kimi_mlp.apparatus, which no teaching module imports.
+APPARATUS = HARNESS + ("codegen", "gluon_codegen")
 
 
 def test_no_harness_function_is_longer_than_about_sixty_lines():
@@ -181,12 +185,26 @@ def test_no_harness_function_is_longer_than_about_sixty_lines():
     root = Path(kimi_mlp.__file__).resolve().parent
     long = []
     for m in HARNESS:
-        for node in ast.walk(ast.parse((root / f"{m}.py").read_text())):
+        for node in ast.walk(ast.parse((root / "apparatus" / f"{m}.py").read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 n = node.end_lineno - node.lineno + 1
                 if n > 65:
                     long.append(f"{m}.{node.name}: {n} lines")
     assert not long, long
+
+
+def test_the_apparatus_is_a_subpackage_of_its_own():
+    """appendices C to F's measuring modules sit in kimi_mlp.apparatus, the chapters'
+    kernels in kimi_mlp.kernels; no module of either is left at the top."""
+    root = Path(kimi_mlp.__file__).resolve().parent
+    files = _modules(root)
+    assert {f"apparatus.{m}" for m in APPARATUS} <= set(files)
+    assert not set(APPARATUS) & set(files)
+    kernels = {m for m in files if m.startswith("kernels.")}
+    assert kernels == {f"kernels.{m}" for m in ("runtime", "numerics", "dequant",
+                                                 "norm_quant", "plan", "gemm",
+                                                 "epilogues", "w8a16", "gluon")}
+    assert not {"gluon", "measure", "codegen"} & set(files)
 
 
 #: Imports every module of the installed package (subpackages included) and prints where

@@ -10,7 +10,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from kimi_mlp import codegen, provenance, records, tiles
+from kimi_mlp import tiles
+from kimi_mlp.apparatus import codegen, provenance, records
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))

@@ -11,7 +11,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kimi_mlp import gpu_check, kernels
+from kimi_mlp import kernels
+from kimi_mlp.apparatus import gpu_check
 from kimi_mlp.fp8 import (fp8_matmul_blockwise, quantize_activation,
                           quantize_weight_blockwise)
 from kimi_mlp.fused import ffn_tensors, random_dense_block, tensor_core_shares

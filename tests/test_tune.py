@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from kimi_mlp import kernels, measure, tiles, tune
+from kimi_mlp import kernels, tiles
+from kimi_mlp.apparatus import measure, tune
 from kimi_mlp.tiles import (TILES_ENV, TILES_SCHEMA, load_tiles, tiles_file_name,
                             tuned_tiles)
 

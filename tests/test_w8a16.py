@@ -149,7 +149,7 @@ def test_the_benchmark_runs_the_w8a16_path():
     the fused module and the unfused W8A16 pipeline are held to chapter 7's bound on
     the output against w8a16, the record says which launches ran, and the launches
     timed one by one are the W8A16 ones."""
-    from kimi_mlp import harness
+    from kimi_mlp.apparatus import harness
     r = harness.bench(ms=(3,), cpu_smoke=True, path="w8a16", log=lambda *a: None)
     assert r["settings"]["path"] == "w8a16"
     assert (r["providers"]["fused"]["path"], r["providers"]["fused"]["w8a16"]) == \
@@ -169,7 +169,7 @@ def test_the_providers_on_a_gpu_without_e4m3(block, monkeypatch, patch_everywher
     """What `make_providers` gives on an Ampere GPU (its family stubbed, the block on the
     CPU): the fused module on the W8A16 path in bf16, the unfused W8A16 pipeline, and the
     two FP8 pipelines unavailable with the reason, without a function to call."""
-    from kimi_mlp import harness
+    from kimi_mlp.apparatus import harness
     patch_everywhere(K, "device_arch", lambda device: 80)
     provs = harness.make_providers(block, ("fused", "unfused_w8a16", "unfused_w8a8",
                                            "scaled_mm"))

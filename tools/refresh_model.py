@@ -3,7 +3,7 @@
     python tools/refresh_model.py            # writes the `triton` and `gluon` entries
     python tools/refresh_model.py --check    # exit 1 if the stored entries differ
 
-Appendix D's model (`kimi_mlp.codegen.model_entry`) of the block's Triton launches as
+Appendix D's model (`kimi_mlp.apparatus.codegen.model_entry`) of the block's Triton launches as
 compiled for sm_90a (`triton`), and of `GluonFp8DenseMLP`'s default launches, appendix F's
 Gluon down GEMM from GLUON_MIN_M tokens on (`gluon`). Other entries (`before`) are kept as they are. Needs no GPU:
 the kernels are compiled, not run. Appendices D and F assert that the stored entries are
@@ -18,9 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kimi_mlp.codegen import MODEL_M, inspect_kernels, model_entry, write_model  # noqa: E402
+from kimi_mlp.apparatus.codegen import MODEL_M, inspect_kernels, model_entry, write_model  # noqa: E402
 from kimi_mlp.kernels.gluon import GLUON_MIN_M  # noqa: E402
-from kimi_mlp.gluon_codegen import inspect_gluon  # noqa: E402
+from kimi_mlp.apparatus.gluon_codegen import inspect_gluon  # noqa: E402
 
 PATH = ROOT / "book" / "data" / "h200_model.json"
 
