@@ -114,13 +114,13 @@ def test_force_reduce_with_one_slice_is_still_the_fused_epilogue():
 
 
 def _counting(log):
-    "Chapter 7's `launch`, appending (kernel name, grid) to `log` before it runs."
-    real = K.launch
+    "Chapter 7's `launch_with`, appending (kernel name, grid) to `log` before it runs."
+    real = K.launch_with
 
-    def launch(kernel, grid, *args, **kwargs):
+    def launch_with(kernel, grid, args, kwargs):
         log.append((kernel.__name__, tuple(grid)))
-        return real(kernel, grid, *args, **kwargs)
-    return launch
+        return real(kernel, grid, args, kwargs)
+    return launch_with
 
 
 @interpreted
@@ -133,7 +133,7 @@ def test_the_split_fused_block_makes_three_launches(m, monkeypatch, patch_everyw
     no fill (the counters live in the cached scratch), and its output is the same bits
     with the reductions as separate launches."""
     log = []
-    patch_everywhere(K, "launch", _counting(log))     # every kernel starts through it
+    patch_everywhere(K, "launch_with", _counting(log))   # every kernel starts through it
     real_plan = K._plan_for
     patch_everywhere(K, "_plan_for", lambda kind, m, n, k, device, *a, **kw:
                         real_plan(kind, m, n, k, device, 3))

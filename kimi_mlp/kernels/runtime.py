@@ -2,8 +2,8 @@
 
 # %% auto #0
 __all__ = ['INTERPRETED', 'INTERPRETER_TARGET', 'QUANT_BLOCK', 'Target', 'target_named', 'arch_family', 'device_target',
-           'device_sms', 'device_arch', 'device_label', 'launch', 'Launch', 'CompileOnly', 'compile_only',
-           'launches_stubbed']
+           'device_sms', 'device_arch', 'device_label', 'launch', 'launch_with', 'Launch', 'CompileOnly',
+           'compile_only', 'recording', 'launches_stubbed']
 
 # %% ../../book/07_kernels.ipynb #0d3698a5
 import contextlib
@@ -135,15 +135,21 @@ def device_label(device: torch.device) -> str:
 # %% ../../book/07_kernels.ipynb #tg000002
 #: What a launch does here: None, run the kernel; else an object with a `target` (the
 #: Target to plan for, or None for the device's) and a `launch` method that stands in
-#: for running it (`CompileOnly`, `launches_stubbed`). A context variable, set only by
-#: the two `with` blocks below and reset when they end: nothing global changes.
+#: for running it (`CompileOnly`, `launches_stubbed`, `recording`). A context
+#: variable, set only by the `with` blocks below and reset when they end: nothing
+#: global changes.
 _MODE: contextvars.ContextVar = contextvars.ContextVar("kimi_mlp_launch", default=None)
 
 
 def launch(kernel, grid, *args, **kwargs):
+    "`launch_with(kernel, grid, args, kwargs)`, as a launch is written."
+    return launch_with(kernel, grid, args, kwargs)
+
+
+def launch_with(kernel, grid, args: tuple, kwargs: dict):
     """Every launch of the package's kernels goes through here: `kernel[grid](*args,
-    **kwargs)`, or what the enclosing `compile_only` or `launches_stubbed` does
-    instead."""
+    **kwargs)`, or what the enclosing `compile_only`, `launches_stubbed` or
+    `recording` does instead."""
     mode = _MODE.get()
     if mode is None:
         return kernel[grid](*args, **kwargs)
@@ -197,6 +203,33 @@ def compile_only(target, sms: int | None = None):
             yield mode
         finally:
             _MODE.reset(token)
+
+
+class _Recording:
+    """What `recording` yields: `launches`, one (kernel, grid, args, kwargs) per launch
+    inside it, each made as it would be without it (run, compiled or stubbed)."""
+    def __init__(self, outer):
+        self.outer, self.launches = outer, []
+        self.target = None if outer is None else outer.target
+
+    def launch(self, kernel, grid, args, kwargs):
+        self.launches.append((kernel, grid, args, kwargs))
+        if self.outer is None:
+            return kernel[grid](*args, **kwargs)
+        return self.outer.launch(kernel, grid, args, kwargs)
+
+
+@contextlib.contextmanager
+def recording():
+    """Inside the block each launch is kept as well as made: chapter 8 records a
+    call's launches once per token count, then makes the same ones on later calls
+    without their launchers' Python."""
+    mode = _Recording(_MODE.get())
+    token = _MODE.set(mode)
+    try:
+        yield mode
+    finally:
+        _MODE.reset(token)
 
 
 class _Stubbed:
