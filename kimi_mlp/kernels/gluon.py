@@ -17,6 +17,8 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .. import kernels
 from ..fp8 import ACT_AMAX_EPS, FP8_MAX
 from ..fused import FusedFp8DenseMLP, _ffn_launches
+# chapter 7's grouped tile order: scalar arithmetic, which Gluon compiles as it is
+from .gemm import _tile_ids
 
 #: One K step is one activation group and one weight block column; one weight tile is
 #: one block row, so a program has one weight scale per K step.
@@ -40,16 +42,6 @@ def _mma_layout(block_m, block_n, num_warps):
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[wm, wn],
                                      instr_shape=[16, block_n // wn, 32])
 
-
-@gluon.jit
-def _tile_of(pid, M, N, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
-             GROUP_M: gl.constexpr):
-    "Program -> (pid_m, pid_n), in chapter 7's grouped order (`_tile_ids`)."
-    num_pid_m = gl.cdiv(M, BLOCK_M)
-    width = GROUP_M * gl.cdiv(N, BLOCK_N)
-    first_m = (pid // width) * GROUP_M
-    size_m = gl.minimum(num_pid_m - first_m, GROUP_M)
-    return first_m + (pid % width) % size_m, (pid % width) // size_m
 
 # %% ../../book/appendix_f_gluon.ipynb #e2cede2e
 @gluon.jit
@@ -175,7 +167,7 @@ def _gluon_fp8_gemm_kernel(a_desc, a_s_ptr, w_desc, w_s_ptr, c_ptr, r_ptr, M, N,
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BN: gl.constexpr = w_desc.block_type.shape[0]
     layout: gl.constexpr = _mma_layout(BM, BN, gl.num_warps())
-    pid_m, pid_n = _tile_of(gl.program_id(0), M, N, BM, BN, GROUP_M)
+    pid_m, pid_n = _tile_ids(gl.program_id(0), M, N, BM, BN, GROUP_M)
     off_m, off_n = pid_m * BM, pid_n * BN
     k_steps = gl.cdiv(K, a_desc.block_type.shape[1])
     rows = off_m + gl.arange(0, BM, gl.SliceLayout(1, layout))
@@ -339,7 +331,7 @@ def _gluon_gate_up_kernel(a_desc, a_s_ptr, g_desc, g_s_ptr, u_desc, u_s_ptr, q_p
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BN: gl.constexpr = g_desc.block_type.shape[0]
     layout: gl.constexpr = _mma_layout(BM, BN, gl.num_warps())
-    pid_m, pid_n = _tile_of(gl.program_id(0), M, F, BM, BN, GROUP_M)
+    pid_m, pid_n = _tile_ids(gl.program_id(0), M, F, BM, BN, GROUP_M)
     off_m, off_n = pid_m * BM, pid_n * BN
     k_steps = gl.cdiv(K, a_desc.block_type.shape[1])
     rows = off_m + gl.arange(0, BM, gl.SliceLayout(1, layout))
