@@ -276,30 +276,36 @@ def kept_bytes(m: int, hidden_size: int = 7168, intermediate_size: int = 18432,
 # %% ../book/08_fused_mlp.ipynb #f5a7b9c2
 def _prepared(launches, rows, out, kept) -> tuple | None:
     """A call's launches (`kernels.recording`) as the next call with as many rows makes
-    them: an argument that is `rows` or `out` (or a view of one) becomes a slot for
-    that call's, every other tensor must be one the module keeps (`kept`: the
+    them: an argument that is `rows` or `out` (or a contiguous view of one) becomes a
+    slot for that call's, every other tensor must be one the module keeps (`kept`: the
     intermediates, the weights and their descriptors, the block's tensors). None when
-    one is not (nothing is then reused) or when `out` is not among them."""
-    tensor = lambda a: getattr(a, "base", a)               # a TMA descriptor's tensor
-    kept_at = {t.data_ptr() for t in map(tensor, kept) if isinstance(t, torch.Tensor)}
+    one is not (nothing is then reused), when a TMA descriptor or a strided view is
+    made on `rows` or `out`, or when `out` is not among them. The slots hold None: the
+    first call's rows and output are not kept alive."""
+    base = lambda a: getattr(a, "base", a)                 # a TMA descriptor's tensor
+    kept_at = {t.data_ptr() for t in map(base, kept) if isinstance(t, torch.Tensor)}
     slots_of = {(t.data_ptr(), t.nbytes): i for i, t in enumerate((rows, out))}
     made, written = [], False
     for kernel, grid, args, kwargs in launches:
-        slots = []
-        for j, a in enumerate(map(tensor, args)):
-            if not isinstance(a, torch.Tensor):
+        args, slots = list(args), []
+        for j, a in enumerate(args):
+            t = base(a)
+            if not isinstance(t, torch.Tensor):
                 continue
-            which = slots_of.get((a.data_ptr(), a.nbytes))
-            if which is None and a.data_ptr() not in kept_at:
-                return None                      # made for this call only
-            if which is not None:                # as a view: its dtype, its shape
-                t = (rows, out)[which]
-                slots.append((j, which, None if a.dtype == t.dtype else a.dtype,
-                              None if a.shape == t.shape else tuple(a.shape)))
-                written |= which == 1
-        if any(isinstance(tensor(v), torch.Tensor) for v in kwargs.values()):
+            which = slots_of.get((t.data_ptr(), t.nbytes))
+            if which is None:
+                if t.data_ptr() not in kept_at:
+                    return None                  # made for this call only
+                continue
+            if t is not a or not t.is_contiguous():
+                return None                      # a descriptor or a strided view
+            own = (rows, out)[which]             # as a view: its dtype, its shape
+            slots.append((j, which, None if t.dtype == own.dtype else t.dtype,
+                          None if t.shape == own.shape else tuple(t.shape)))
+            args[j], written = None, written or which == 1
+        if any(isinstance(base(v), torch.Tensor) for v in kwargs.values()):
             return None
-        made.append((kernel, grid, args, kwargs, tuple(slots)))
+        made.append((kernel, grid, tuple(args), kwargs, tuple(slots)))
     return (tuple(made), out.dtype, tuple(out.shape)) if written else None
 
 
@@ -323,7 +329,9 @@ class _KeptScratch:
     """The per-M cache of `FusedFp8DenseMLP`: the plans and intermediates of at most
     `cache_entries` token counts (each up to SCRATCH_MAX_M) and `cache_bytes` bytes,
     in `_per_m`, least recently used first, and each one's launches as the first call
-    made them (`_replays`: `_prepared`), which later calls make again."""
+    made them (`_replays`: `_prepared`, or False where it refused), which later calls
+    make again. Inside chapter 7's `compile_only`, or a stub that plans for a target,
+    the key is (m, that target): what is kept for one GPU never serves another."""
     _t: FfnTensors
     act_dtype: torch.dtype | None
     _graphs: dict
@@ -343,19 +351,21 @@ class _KeptScratch:
         self._sizes: dict = {}
         self._replays: dict = {}
 
-    def _kept(self, m: int):
-        entry = self._per_m.get(m)
+    def _kept(self, key):
+        entry = self._per_m.get(key)
         if entry is not None:
-            self._per_m.move_to_end(m)                 # the most recently used
+            self._per_m.move_to_end(key)               # the most recently used
         return entry
 
-    def _prepare(self, m: int, keep: bool = True):
-        """Plans and intermediates for m tokens, kept for the next call within the
-        bounds (calls must then come one at a time, on one CUDA stream)."""
+    def _prepare(self, m: int, keep: bool = True, key=None):
+        """Plans and intermediates for m tokens, kept under `key` (None: m) for the
+        next call within the bounds (calls must then come one at a time, on one CUDA
+        stream)."""
+        key = m if key is None else key
         entry = _plans_and_scratch(self._t, m, self.act_dtype)
         size = _nbytes(entry[1]) if keep and m <= SCRATCH_MAX_M else None
         if size is not None and size <= self.cache_bytes and self.cache_entries:
-            self._per_m[m], self._sizes[m] = entry, size
+            self._per_m[key], self._sizes[key] = entry, size
             while (len(self._per_m) > self.cache_entries
                    or sum(self._sizes.values()) > self.cache_bytes):
                 self._drop(next(iter(self._per_m)))
@@ -364,27 +374,32 @@ class _KeptScratch:
     def _launch(self, m: int, rows: torch.Tensor) -> torch.Tensor:
         """The launches on [m, d] rows, with the intermediates kept for m or new ones;
         for a kept m after its first call, the launches that call made (`_replayed`)."""
-        kept = self._kept(m)
+        target = getattr(kernels._MODE.get(), "target", None)    # compile_only, stubs
+        key = m if target is None else (m, target)
+        kept = self._kept(key)
+        replay = self._replays.get(key) if kept is not None else None
         try:
-            if kept is not None and m in self._replays:
-                return _replayed(self._replays[m], rows)
-            plans, scratch = kept or self._prepare(m)
+            if replay:
+                return _replayed(replay, rows)
+            plans, scratch = kept or self._prepare(m, key=key)
+            if key not in self._per_m or key in self._replays:   # not kept, or refused
+                return self._launches(rows, self._t, self._weights, plans, scratch)
             with kernels.recording() as made:
                 out = self._launches(rows, self._t, self._weights, plans, scratch)
-            if m in self._per_m:
-                t = self._t
-                kept_tensors = (*scratch, *self._weights, t.norm_weight, t.gate,
-                                t.gate_scale, t.up, t.up_scale, t.down, t.down_scale)
-                self._replays[m] = _prepared(made.launches, rows, out, kept_tensors)
+            t = self._t
+            kept_tensors = (*scratch, *self._weights, t.norm_weight, t.gate,
+                            t.gate_scale, t.up, t.up_scale, t.down, t.down_scale)
+            self._replays[key] = _prepared(made.launches, rows, out,
+                                           kept_tensors) or False
             return out
         except BaseException:   # cut short (an error, Ctrl-C): split-K's counters may
-            self._drop(m)                   # be mid-count, so these are never reused
+            self._drop(key)                 # be mid-count, so these are never reused
             raise
 
-    def _drop(self, m: int) -> None:
-        self._per_m.pop(m, None)
-        self._sizes.pop(m, None)
-        self._replays.pop(m, None)
+    def _drop(self, key) -> None:
+        self._per_m.pop(key, None)
+        self._sizes.pop(key, None)
+        self._replays.pop(key, None)
 
     def cache_info(self) -> dict:
         "What is kept: token counts, their bytes, the bounds, the CUDA graphs' M."

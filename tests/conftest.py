@@ -77,8 +77,10 @@ def patch_everywhere(monkeypatch):
     def patch(module, name, value):
         ours = [mod for key, mod in list(sys.modules.items()) if mod is not None
                 and (key == "kimi_mlp" or key.startswith("kimi_mlp."))]
-        old = vars(module)[name] if name in vars(module) else next(
-            vars(mod)[name] for mod in ours if name in vars(mod))   # a submodule's
+        holders = [mod for mod in (module, *ours) if name in vars(mod)]
+        if not holders:
+            raise AttributeError(f"patch_everywhere: no kimi_mlp module has {name!r}")
+        old = vars(holders[0])[name]                  # the module's, else a submodule's
         for mod in ours:
             if name in vars(mod) and vars(mod)[name] is old:
                 monkeypatch.setattr(mod, name, value)

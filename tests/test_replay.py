@@ -22,7 +22,11 @@ def test_later_calls_replay_the_first_calls_launches_bit_for_bit(mode):
     kept = FusedFp8DenseMLP(base, mode=mode)
     with torch.no_grad():
         kept(_rows(3, 256, 0))                                   # records
-        assert kept._replays.get(3) is not None
+        assert kept._replays.get(3)
+
+        def launchers(*args):
+            raise AssertionError("a replayed call ran the launchers")
+        kept._launches = launchers                               # from now on: replays
         for seed in (1, 2):
             h = _rows(3, 256, seed)
             again = kept(h)                                      # replays
@@ -49,16 +53,68 @@ def test_a_replay_makes_the_recorded_launches_and_no_others(patch_everywhere):
 
 
 def test_rebinding_drops_the_kept_launches():
-    "A changed block (its fingerprint) binds again: nothing recorded before is reused."
-    block = FusedFp8DenseMLP(random_dense_block(256, 320, seed=5))
+    """A changed block (its fingerprint) binds again: nothing recorded before is reused,
+    so the new eps is what the kernels get."""
+    base = random_dense_block(256, 320, seed=5)
+    block = FusedFp8DenseMLP(base)
     with torch.no_grad():
         block(_rows(2, 256, 0))
-        assert 2 in block._replays
-        block.post_attention_layernorm.eps = 0.5
-        out = block(_rows(2, 256, 1))                            # binds, records again
-    assert set(block._replays) == {2} and torch.isfinite(out).all()
+        assert block._replays.get(2)
+        base.post_attention_layernorm.eps = 0.5                  # shared with the module
+        h = _rows(2, 256, 1)
+        out = block(h)                                           # binds, records again
+        fresh = FusedFp8DenseMLP(base, cache_entries=0)(h)       # eps 0.5, nothing kept
+        before = FusedFp8DenseMLP(random_dense_block(256, 320, seed=5),
+                                  cache_entries=0)(h)            # eps as it was
+    assert torch.equal(out.view(torch.int16), fresh.view(torch.int16))
+    assert not torch.equal(out.view(torch.int16), before.view(torch.int16))
+    assert set(block._replays) == {2}
     block.clear_cache()
     assert not block._replays
+
+
+def test_a_refused_recording_keeps_every_call_working(monkeypatch):
+    "Launches `_prepared` refuses are run by their launchers on every call, never lost."
+    import kimi_mlp.fused as fused
+    monkeypatch.setattr(fused, "_prepared", lambda *a: None)
+    base = random_dense_block(256, 320, seed=7)
+    block = FusedFp8DenseMLP(base)
+    with torch.no_grad():
+        outs = [block(_rows(2, 256, s)) for s in (0, 1, 2)]
+        fresh = [FusedFp8DenseMLP(base, cache_entries=0)(_rows(2, 256, s))
+                 for s in (0, 1, 2)]
+    assert block._replays == {2: False} and 2 in block._per_m
+    assert all(torch.equal(a, b) for a, b in zip(outs, fresh))
+
+
+def test_what_is_kept_for_a_named_target_never_serves_the_device():
+    "Plans made inside a block that names a GPU are kept under (m, that GPU) only."
+    block = FusedFp8DenseMLP(random_dense_block(256, 320, seed=8))
+    h200 = kernels.target_named("sm_90a", sms=132)
+    with torch.no_grad():
+        with kernels.launches_stubbed(h200):
+            block(_rows(1, 256, 0))
+        assert list(block._per_m) == [(1, h200)]
+        out = block(_rows(1, 256, 1))                             # the interpreter's
+    assert list(block._per_m) == [(1, h200), 1]
+    one, h200s = block._per_m[1][0][0], block._per_m[(1, h200)][0][0]
+    assert one["waves"] == 132 * h200s["waves"]                  # 1 SM against 132
+    assert torch.isfinite(out).all()
+
+
+def test_compile_only_is_seen_through_the_blocks_inside_it():
+    "A stub or a recording inside `compile_only` still compiles, for its target."
+    runtime = kernels.runtime
+    l4 = kernels.target_named("sm_89")
+    token = runtime._MODE.set(runtime.CompileOnly(l4))          # as compile_only sets it
+    try:
+        with kernels.recording(), kernels.launches_stubbed():
+            assert runtime._compiling()
+            assert kernels.device_target(torch.device("cpu")) is l4
+    finally:
+        runtime._MODE.reset(token)
+    with kernels.recording():
+        assert not runtime._compiling()
 
 
 def test_a_token_count_that_is_not_kept_is_never_replayed():

@@ -381,12 +381,14 @@ def _report(ms, d, f, sms, arch, workloads, progress) -> dict:
     variants = compile_launches(ms, d, f, sms, arch, workloads, progress=progress)
     ms = sorted({x["m"] for v in variants for x in v["launches"]})
     _, ptxas_version, flags = ptxas_path_and_flags(arch)
-    target = GPUTarget(HOPPER[0], arch, HOPPER[2])
+    native = None
+    if gpus.family(arch).e4m3:          # the probe, compiled for this target
+        with kernels.compile_only(arch, sms):
+            native = kernels._e4m3_rounds_once(GPUTarget(HOPPER[0], arch, HOPPER[2]))
     return {"schema": "kimi-mlp-codegen/1", "triton": triton.__version__,
             "ptxas": ptxas_version, "ptxas_flags": flags,
             "target": target_name(arch), "arch": arch, "sms": sms,
-            "native_e4m3": None if not gpus.family(arch).e4m3
-            else kernels._e4m3_rounds_once(target), "hidden_size": d,
+            "native_e4m3": native, "hidden_size": d,
             "intermediate_size": f, "workloads": workloads, "ms": ms,
             "variants": variants}
 

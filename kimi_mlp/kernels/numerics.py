@@ -16,8 +16,7 @@ import triton.language as tl
 
 from ..fp8 import quantize_activation
 from ..swiglu import silu
-from .runtime import (
-    CompileOnly, INTERPRETED, QUANT_BLOCK, _MODE, _cuda_index)
+from .runtime import INTERPRETED, QUANT_BLOCK, _compiling, _cuda_index
 
 # %% ../../book/07_kernels.ipynb #9e0fcd30
 @triton.jit
@@ -108,7 +107,7 @@ def _e4m3_rounds_once(target) -> bool:
     is launched). Triton 3.6 lowers the conversion for Ada (sm_89) through f16,
     `cvt.rz.f16.f32` then `cvt.rn.satfinite.e4m3x2.f16x2`: two roundings, which give
     other codes than torch for about 0.4% of values."""
-    dev = "cpu" if isinstance(_MODE.get(), CompileOnly) else "cuda"
+    dev = "cpu" if _compiling() else "cuda"
     x = torch.zeros(16, device=dev)
     kernel = _e4m3_probe_kernel.warmup(x, x.to(torch.uint8), grid=(1,))
     return _rounds_once(kernel.asm["ptx"])
@@ -123,8 +122,8 @@ def _native(device: torch.device) -> bool:
     which give torch's codes on every GPU (a few more instructions)."""
     if not NATIVE:
         return False
-    if device.type != "cuda":                    # compiling for a GPU that is not here
-        return _e4m3_rounds_once(_current_target())
+    if device.type != "cuda" or _compiling():    # compiling for a GPU not this one:
+        return _e4m3_rounds_once(_current_target())   # its answer, kept for no device
     ok = _NATIVE_OK.get(device.index)
     if ok is None:                               # the first launch on this GPU
         with torch.cuda.device(_cuda_index(device)):

@@ -128,7 +128,7 @@ def device_label(device: torch.device) -> str:
         cap = ".".join(map(str, torch.cuda.get_device_capability(device)))
         return f"{device} (compute capability {cap})"
     target = device_target(device)
-    if isinstance(_MODE.get(), CompileOnly):
+    if _compiling():
         return f"{device} (compiling for {target.name})"
     return f"{device} (Triton's interpreter, standing for {target.name})"
 
@@ -139,6 +139,16 @@ def device_label(device: torch.device) -> str:
 #: variable, set only by the `with` blocks below and reset when they end: nothing
 #: global changes.
 _MODE: contextvars.ContextVar = contextvars.ContextVar("kimi_mlp_launch", default=None)
+
+
+def _compiling() -> bool:
+    "Whether launches here only compile (inside `compile_only`, however nested)."
+    mode = _MODE.get()
+    while mode is not None:
+        if isinstance(mode, CompileOnly):
+            return True
+        mode = mode.outer
+    return False
 
 
 def launch(kernel, grid, *args, **kwargs):
@@ -170,6 +180,8 @@ class Launch:
 
 class CompileOnly:
     "What `compile_only` yields: its `target`, and `launches`, one `Launch` per launch."
+    outer = None
+
     def __init__(self, target: Target):
         self.target, self.launches = target, []
 
@@ -233,8 +245,9 @@ def recording():
 
 
 class _Stubbed:
-    def __init__(self, target):
-        self.target = target
+    def __init__(self, target, outer):
+        self.outer = outer
+        self.target = target if target is not None or outer is None else outer.target
 
     def launch(self, kernel, grid, args, kwargs):
         return None
@@ -243,8 +256,9 @@ class _Stubbed:
 @contextlib.contextmanager
 def launches_stubbed(target: Target | None = None):
     """Inside the block `launch` returns None at once and runs nothing; plans are made
-    for `target` (None: the device's). Appendix C times a call's Python with it."""
-    token = _MODE.set(_Stubbed(target))
+    for `target` (None: the device's, or the enclosing block's). Appendix C times a
+    call's Python with it."""
+    token = _MODE.set(_Stubbed(target, _MODE.get()))
     try:
         yield
     finally:
@@ -272,7 +286,7 @@ def _check_tensor(name, t, dtypes, shape=None, device=None, row_stride_ok=False)
     if not (t.is_contiguous() or rows_ok):
         what = "rows with unit stride" if row_stride_ok else "a contiguous tensor"
         raise ValueError(f"{name}: expected {what}, got strides {t.stride()}")
-    compiling = isinstance(_MODE.get(), CompileOnly)   # CPU tensors stand in
+    compiling = _compiling()                  # CPU tensors stand in
     if not INTERPRETED and not compiling and t.device.type != "cuda":
         raise ValueError(f"{name}: expected a CUDA tensor (Triton is compiling for the "
                          f"GPU), got one on {t.device}")
