@@ -67,9 +67,9 @@ def target_named(name, sms: int | None = None, what: str = "target") -> Target:
 
 #: The GPU the interpreter plans as, read once, here, from KIMI_MLP_TARGET (default
 #: sm_90a, Hopper), with one SM: programs run one after another, so split-K gains
-#: nothing. Appendix C's `book_mode` sets sm_80 for a rehearsal of a GPU without
-#: e4m3, before this module is imported: the FP8 kernels refuse, the W8A16 ones plan
-#: as on an A100.
+#: nothing. Appendix C's `book_mode` sets sm_80, before this module is imported, to
+#: run the chapters on the CPU as a GPU without e4m3 runs them: the FP8 kernels
+#: refuse, the W8A16 ones plan as on an A100.
 INTERPRETER_TARGET = target_named(os.environ.get("KIMI_MLP_TARGET", "sm_90a"), sms=1,
                                   what="KIMI_MLP_TARGET")
 
