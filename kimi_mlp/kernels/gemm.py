@@ -92,6 +92,21 @@ def _program_tile(M, N, K, splits, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 
 # %% ../../book/07_kernels.ipynb #4bd1c8e0
 @triton.jit
+def _rows_tile(ptr, rows, rows_ok, stride, k, K, other: tl.constexpr):
+    """Rows `rows` x columns k of a row-major matrix (row stride `stride`, K
+    columns), masked: `other` where a row is past the end (not rows_ok) or k >= K."""
+    return tl.load(ptr + rows[:, None] * stride + k[None, :],
+                   mask=rows_ok[:, None] & (k < K)[None, :], other=other)
+
+
+@triton.jit
+def _block_scale_at(s_ptr, off_n, k_steps, step):
+    """The fp32 scale of the 128 x 128 weight block that holds row off_n at K step
+    `step` (s: [ceil(N/128), k_steps], row-major)."""
+    return tl.load(s_ptr + (off_n // 128) * k_steps + step)
+
+
+@triton.jit
 def _load_act(a_ptr, a_s_ptr, stride_a, K, k_steps, rm, m_ok, off_m, step,
               BLOCK_K: tl.constexpr, TMA: tl.constexpr):
     """One K step of the activation: a [BM, 128] e4m3 (rows rm = off_m + arange, row
@@ -101,8 +116,7 @@ def _load_act(a_ptr, a_s_ptr, stride_a, K, k_steps, rm, m_ok, off_m, step,
         a = a_ptr.load([off_m, step * BLOCK_K])
     else:
         k = step * BLOCK_K + tl.arange(0, BLOCK_K)
-        a = tl.load(a_ptr + rm[:, None] * stride_a + k[None, :],
-                    mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
+        a = _rows_tile(a_ptr, rm, m_ok, stride_a, k, K, 0.0)
     return a, tl.load(a_s_ptr + rm * k_steps + step, mask=m_ok, other=0.0)
 
 # %% ../../book/07_kernels.ipynb #e74ef5e8
@@ -116,9 +130,8 @@ def _load_weight(w_ptr, w_s_ptr, K, k_steps, rn, n_ok, off_n, step,
         w = w_ptr.load([off_n, step * BLOCK_K])
     else:
         k = step * BLOCK_K + tl.arange(0, BLOCK_K)
-        w = tl.load(w_ptr + rn[:, None] * K + k[None, :],
-                    mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
-    return w, tl.load(w_s_ptr + (off_n // 128) * k_steps + step)
+        w = _rows_tile(w_ptr, rn, n_ok, K, k, K, 0.0)
+    return w, _block_scale_at(w_s_ptr, off_n, k_steps, step)
 
 # %% ../../book/07_kernels.ipynb #5a7e02d4
 @triton.jit

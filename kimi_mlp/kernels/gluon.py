@@ -60,21 +60,31 @@ def _load_step(a_desc, w_desc, a_bufs, w_bufs, bars, step, off_m, off_n, pred,
 
 
 @gluon.jit
-def _ring(a_desc, w_desc, off_m, off_n, k_steps, NUM_STAGES: gl.constexpr):
-    """The shared-memory ring: NUM_STAGES slots for a and w (laid out as the
-    descriptors say, swizzled for `wgmma`) and one barrier each, every slot's copy
-    already asked for."""
-    BM: gl.constexpr = a_desc.block_type.shape[0]
-    BN: gl.constexpr = w_desc.block_type.shape[0]
-    BK: gl.constexpr = a_desc.block_type.shape[1]
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES, BM, BK],
-                                       a_desc.layout)
-    w_bufs = gl.allocate_shared_memory(w_desc.dtype, [NUM_STAGES, BN, BK],
-                                       w_desc.layout)
+def _slots(desc, NUM_STAGES: gl.constexpr):
+    """NUM_STAGES shared-memory slots for `desc`'s tiles, laid out as the
+    descriptor says (swizzled for `wgmma`)."""
+    ROWS: gl.constexpr = desc.block_type.shape[0]
+    COLS: gl.constexpr = desc.block_type.shape[1]
+    return gl.allocate_shared_memory(desc.dtype, [NUM_STAGES, ROWS, COLS],
+                                     desc.layout)
+
+
+@gluon.jit
+def _barriers(NUM_STAGES: gl.constexpr):
+    "One mbarrier per ring slot, each completed by one arrival."
     bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1],
                                      mbarrier.MBarrierLayout())
     for s in gl.static_range(NUM_STAGES):
         mbarrier.init(bars.index(s), count=1)
+    return bars
+
+
+@gluon.jit
+def _ring(a_desc, w_desc, off_m, off_n, k_steps, NUM_STAGES: gl.constexpr):
+    """The shared-memory ring: NUM_STAGES slots for a and w and one barrier each,
+    every slot's copy already asked for."""
+    a_bufs, w_bufs = _slots(a_desc, NUM_STAGES), _slots(w_desc, NUM_STAGES)
+    bars = _barriers(NUM_STAGES)
     for s in gl.static_range(NUM_STAGES):
         _load_step(a_desc, w_desc, a_bufs, w_bufs, bars, s, off_m, off_n, s < k_steps,
                    NUM_STAGES)
@@ -157,6 +167,21 @@ def _k_loop(a_desc, w_desc, a_bufs, w_bufs, bars, a_s_row, w_s_row, m_ok, off_m,
 
 # %% ../../book/appendix_f_gluon.ipynb #f4f9b40f
 @gluon.jit
+def _gluon_tile(a_desc, w_desc, M, N, K, GROUP_M: gl.constexpr,
+                layout: gl.constexpr):
+    """Chapter 7's `_program_tile` without split-K: the program's weight tile
+    pid_n, its first token and weight row, the K steps, and its token rows (in the
+    accumulator's row layout) with their mask."""
+    BM: gl.constexpr = a_desc.block_type.shape[0]
+    BN: gl.constexpr = w_desc.block_type.shape[0]
+    pid_m, pid_n = _tile_ids(gl.program_id(0), M, N, BM, BN, GROUP_M)
+    off_m, off_n = pid_m * BM, pid_n * BN
+    k_steps = gl.cdiv(K, a_desc.block_type.shape[1])
+    rows = off_m + gl.arange(0, BM, gl.SliceLayout(1, layout))
+    return pid_n, off_m, off_n, k_steps, rows, rows < M
+
+
+@gluon.jit
 def _gluon_fp8_gemm_kernel(a_desc, a_s_ptr, w_desc, w_s_ptr, c_ptr, r_ptr, M, N, K,
                            HAS_RESIDUAL: gl.constexpr, GROUP_M: gl.constexpr,
                            NUM_STAGES: gl.constexpr):
@@ -167,11 +192,8 @@ def _gluon_fp8_gemm_kernel(a_desc, a_s_ptr, w_desc, w_s_ptr, c_ptr, r_ptr, M, N,
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BN: gl.constexpr = w_desc.block_type.shape[0]
     layout: gl.constexpr = _mma_layout(BM, BN, gl.num_warps())
-    pid_m, pid_n = _tile_ids(gl.program_id(0), M, N, BM, BN, GROUP_M)
-    off_m, off_n = pid_m * BM, pid_n * BN
-    k_steps = gl.cdiv(K, a_desc.block_type.shape[1])
-    rows = off_m + gl.arange(0, BM, gl.SliceLayout(1, layout))
-    m_ok = rows < M
+    pid_n, off_m, off_n, k_steps, rows, m_ok = _gluon_tile(
+        a_desc, w_desc, M, N, K, GROUP_M, layout)
     a_bufs, w_bufs, bars = _ring(a_desc, w_desc, off_m, off_n, k_steps, NUM_STAGES)
     acc = _k_loop(a_desc, w_desc, a_bufs, w_bufs, bars, a_s_ptr + rows * k_steps,
                   w_s_ptr + (off_n // BN) * k_steps, m_ok, off_m, off_n, k_steps,
@@ -205,19 +227,9 @@ def _load_step2(a_desc, g_desc, u_desc, a_bufs, g_bufs, u_bufs, bars, step, off_
 @gluon.jit
 def _ring2(a_desc, g_desc, u_desc, off_m, off_n, k_steps, NUM_STAGES: gl.constexpr):
     "`_ring` with two weights."
-    BM: gl.constexpr = a_desc.block_type.shape[0]
-    BN: gl.constexpr = g_desc.block_type.shape[0]
-    BK: gl.constexpr = a_desc.block_type.shape[1]
-    a_bufs = gl.allocate_shared_memory(a_desc.dtype, [NUM_STAGES, BM, BK],
-                                       a_desc.layout)
-    g_bufs = gl.allocate_shared_memory(g_desc.dtype, [NUM_STAGES, BN, BK],
-                                       g_desc.layout)
-    u_bufs = gl.allocate_shared_memory(u_desc.dtype, [NUM_STAGES, BN, BK],
-                                       u_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [NUM_STAGES, 1],
-                                     mbarrier.MBarrierLayout())
-    for s in gl.static_range(NUM_STAGES):
-        mbarrier.init(bars.index(s), count=1)
+    a_bufs = _slots(a_desc, NUM_STAGES)
+    g_bufs, u_bufs = _slots(g_desc, NUM_STAGES), _slots(u_desc, NUM_STAGES)
+    bars = _barriers(NUM_STAGES)
     for s in gl.static_range(NUM_STAGES):
         _load_step2(a_desc, g_desc, u_desc, a_bufs, g_bufs, u_bufs, bars, s, off_m,
                     off_n, s < k_steps, NUM_STAGES)
@@ -331,11 +343,8 @@ def _gluon_gate_up_kernel(a_desc, a_s_ptr, g_desc, g_s_ptr, u_desc, u_s_ptr, q_p
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BN: gl.constexpr = g_desc.block_type.shape[0]
     layout: gl.constexpr = _mma_layout(BM, BN, gl.num_warps())
-    pid_m, pid_n = _tile_ids(gl.program_id(0), M, F, BM, BN, GROUP_M)
-    off_m, off_n = pid_m * BM, pid_n * BN
-    k_steps = gl.cdiv(K, a_desc.block_type.shape[1])
-    rows = off_m + gl.arange(0, BM, gl.SliceLayout(1, layout))
-    m_ok = rows < M
+    pid_n, off_m, off_n, k_steps, rows, m_ok = _gluon_tile(
+        a_desc, g_desc, M, F, K, GROUP_M, layout)
     a_bufs, g_bufs, u_bufs, bars = _ring2(a_desc, g_desc, u_desc, off_m, off_n,
                                           k_steps, NUM_STAGES)
     acc_g, acc_u = _k_loop2(a_desc, g_desc, u_desc, a_bufs, g_bufs, u_bufs, bars,

@@ -23,7 +23,7 @@ from .numerics import _round_to_bf16
 from .dequant import _e4m3_decode
 from .norm_quant import _check_rmsnorm_inputs
 from .plan import _check_split_k, _plan
-from .gemm import _program_tile
+from .gemm import _block_scale_at, _program_tile, _rows_tile
 from .epilogues import _swiglu
 
 # %% ../../book/07_kernels.ipynb #3ba03669
@@ -63,10 +63,8 @@ def _w8a16_part(x_ptr, w_ptr, K, rm, m_ok, rn, n_ok, k, part, BF16: tl.constexpr
     (bytes) decoded in registers, summed on the tensor cores into the fp32 part.
     UPCAST: the dot in fp32 (the interpreter's bf16 dot is wrong; bf16 and fp16
     values are exact in fp32)."""
-    x = tl.load(x_ptr + rm[:, None] * K + k[None, :],
-                mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
-    code = tl.load(w_ptr + rn[:, None] * K + k[None, :],
-                   mask=n_ok[:, None] & (k < K)[None, :], other=0)
+    x = _rows_tile(x_ptr, rm, m_ok, K, k, K, 0.0)
+    code = _rows_tile(w_ptr, rn, n_ok, K, k, K, 0)
     w = _e4m3_decode(code, BF16)
     if UPCAST:
         x, w = x.to(tl.float32), w.to(tl.float32)
@@ -104,7 +102,7 @@ def _w8a16_gemm_kernel(x_ptr, w_ptr, w_s_ptr, c_ptr, r_ptr, M, N, K, splits,
             k = step * BLOCK_K + j * SUB_K + tl.arange(0, SUB_K)
             part = _w8a16_part(x_ptr, w_ptr, K, rm, m_ok, rn, n_ok, k, part, BF16,
                                UPCAST)
-        acc += part * tl.load(w_s_ptr + (off_n // 128) * k_steps + step)
+        acc += part * _block_scale_at(w_s_ptr, off_n, k_steps, step)
     offs, mask = rm[:, None] * N + rn[None, :], m_ok[:, None] & n_ok[None, :]
     if SPLIT:
         tl.store(c_ptr + tl.program_id(1) * M * N + offs, acc, mask=mask)
@@ -270,9 +268,8 @@ def _w8a16_gate_up_kernel(x_ptr, g_ptr, g_s_ptr, u_ptr, u_s_ptr, p_ptr, ws_ptr, 
                                  UPCAST)
             part_u = _w8a16_part(x_ptr, u_ptr, K, rm, m_ok, rn, n_ok, k, part_u, BF16,
                                  UPCAST)
-        s = (off_n // 128) * k_steps + step                  # the step's block scales
-        acc_g += part_g * tl.load(g_s_ptr + s)
-        acc_u += part_u * tl.load(u_s_ptr + s)
+        acc_g += part_g * _block_scale_at(g_s_ptr, off_n, k_steps, step)
+        acc_u += part_u * _block_scale_at(u_s_ptr, off_n, k_steps, step)
     offs, mask = rm[:, None] * F + rn[None, :], m_ok[:, None] & n_ok[None, :]
     if SPLIT:
         tl.store(ws_ptr + tl.program_id(1) * 2 * M * F + offs, acc_g, mask=mask)
