@@ -32,7 +32,7 @@ SLOW = (
     "test_gluon.py::test_the_gluon_gemms_keep_a_wgmma_group_in_flight_for_sm_90a",
     "test_gluon.py::test_the_gluon_gemms_compile_with_triton_3_6_too",
     # execute notebooks, build the book
-    "test_measure.py::test_gpu_report_smoke_rehearses_chapters_7_to_9",
+    "test_measure.py::test_gpu_report_smoke_dry_runs_chapters_7_to_9",
     "test_measure.py::test_chapters_7_and_8_run_as_a_gpu_without_e4m3_runs_them",
     "test_colab.py::test_the_built_book_links_each_notebook_to_colab",
     # the static check of the whole package

@@ -383,7 +383,7 @@ def test_the_report_saves_the_sweep_after_every_m(monkeypatch, tmp_path):
 
 
 def test_the_smoke_report_runs_notebooks_with_no_time_limit(monkeypatch, tmp_path):
-    """The CPU rehearsal must not pass or fail with the machine's load: no timeout."""
+    """The CPU dry run must not pass or fail with the machine's load: no timeout."""
     seen = []
 
     def run(src, dst, timeout_s=None, env=None):

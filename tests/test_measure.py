@@ -32,12 +32,12 @@ def test_book_mode_without_cuda_picks_the_interpreter_before_the_kernels():
     assert pick == "small"
 
 
-def test_rehearsal_runs_the_gpu_code_at_the_cpu_shapes():
+def test_a_dry_run_runs_the_gpu_code_at_the_cpu_shapes():
     p = run_fresh("from kimi_mlp.apparatus.measure import book_mode; m = book_mode(); "
-                  "print(m.gpu, m.rehearsal, m.device, m.pick(cpu=1, gpu=2)); "
-                  "print(m.rate(lambda: None)['line'])", KIMI_BOOK_MODE="rehearsal")
+                  "print(m.gpu, m.dry_run, m.device, m.pick(cpu=1, gpu=2)); "
+                  "print(m.rate(lambda: None)['line'])", KIMI_BOOK_MODE="dry-run")
     assert p.returncode == 0, p.stderr
-    assert p.stdout.splitlines() == ["True True cpu 1", "rehearsal on the CPU: ran, not timed"]
+    assert p.stdout.splitlines() == ["True True cpu 1", "dry run on the CPU: ran, not timed"]
 
 
 def test_book_mode_refuses_to_follow_kernels_imported_the_other_way(monkeypatch, patch_everywhere):
@@ -61,7 +61,7 @@ def test_a_gpu_without_e4m3_runs_the_w8a16_cells_and_an_older_one_is_named(monke
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-80GB")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
     mode = measure.book_mode()
-    assert (mode.gpu, mode.rehearsal, mode.fp8, mode.device) == (True, False, False,
+    assert (mode.gpu, mode.dry_run, mode.fp8, mode.device) == (True, False, False,
                                                                  torch.device("cuda"))
     assert "A100" in mode.reason and "W8A16 cells run" in mode.reason
     assert mode.pick(cpu=1, gpu=2) == 2 and "e4m3" in mode.skipped
@@ -79,10 +79,10 @@ def test_a_gpu_without_e4m3_runs_the_w8a16_cells_and_an_older_one_is_named(monke
     assert not mode.gpu and "TRITON_INTERPRET=1 is set" in mode.reason and "V100" in mode.reason
 
 
-def test_the_w8a16_rehearsal_runs_the_gpu_code_without_the_fp8_cells():
+def test_the_w8a16_dry_run_runs_the_gpu_code_without_the_fp8_cells():
     p = run_fresh("from kimi_mlp.apparatus.measure import book_mode; m = book_mode(); "
-                  "print(m.gpu, m.rehearsal, m.fp8, m.device, m.pick(cpu=1, gpu=2)); "
-                  "print(m.reason)", KIMI_BOOK_MODE="rehearsal-w8a16")
+                  "print(m.gpu, m.dry_run, m.fp8, m.device, m.pick(cpu=1, gpu=2)); "
+                  "print(m.reason)", KIMI_BOOK_MODE="dry-run-w8a16")
     assert p.returncode == 0, p.stderr
     first, reason = p.stdout.splitlines()
     assert first == "True True False cpu 1" and "CPU, as a GPU without e4m3 runs it" in reason
@@ -90,7 +90,7 @@ def test_the_w8a16_rehearsal_runs_the_gpu_code_without_the_fp8_cells():
     p = run_fresh("from kimi_mlp.apparatus.measure import book_mode; book_mode(); import torch; "
                   "from kimi_mlp import kernels; print(kernels.device_arch(torch.device('cpu')))"
                   "\ntry:\n    kernels.act_quant(torch.ones(1, 128))\n"
-                  "except RuntimeError as e:\n    print(e)", KIMI_BOOK_MODE="rehearsal-w8a16")
+                  "except RuntimeError as e:\n    print(e)", KIMI_BOOK_MODE="dry-run-w8a16")
     assert p.returncode == 0, p.stderr
     arch, refusal = p.stdout.splitlines()
     assert arch == "80" and refusal.startswith("x: cpu (Triton's interpreter, standing for "
@@ -127,9 +127,9 @@ def test_run_notebook_keeps_outputs_and_stops_at_the_first_error(tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke run is the CPU's")
-def test_gpu_report_smoke_rehearses_chapters_7_to_9(tmp_path):
+def test_gpu_report_smoke_dry_runs_chapters_7_to_9(tmp_path):
     """The GPU report end to end without a GPU: the smoke GPU check, chapters 7-9 executed in a
-    rehearsal (their GPU code, at the small widths, through the interpreter) and the smoke
+    dry run (their GPU code, at the small widths, through the interpreter) and the smoke
     sweep; every step must pass and everything lands under --out (at most 8 files). A smoke run
     has no time limit, so the machine's load cannot fail it."""
     rc = report.gpu_report_main(["--cpu-smoke", "--out", str(tmp_path)])
@@ -145,12 +145,12 @@ def test_gpu_report_smoke_rehearses_chapters_7_to_9(tmp_path):
     nb = json.loads((tmp_path / "07_kernels.ipynb").read_text())
     text = "".join(o.get("text", "") for c in nb["cells"] if c["cell_type"] == "code"
                    for o in c["outputs"])
-    assert "a rehearsal of the GPU code" in text and "ran, not timed" in text
+    assert "a dry run of the GPU code" in text and "ran, not timed" in text
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's rehearsal")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's dry run")
 def test_chapters_7_and_8_run_as_a_gpu_without_e4m3_runs_them(tmp_path):
-    """KIMI_BOOK_MODE=rehearsal-w8a16: chapters 7 and 8 as a T4 or an A100 runs them, through
+    """KIMI_BOOK_MODE=dry-run-w8a16: chapters 7 and 8 as a T4 or an A100 runs them, through
     the interpreter at the small widths. Every cell that tests MODE.fp8 prints MODE.skipped
     and no other does; every other cell runs, the W8A16 checks among them, so no W8A16
     cell depends on a skipped one. No time limit: the machine's load cannot fail it.
@@ -162,7 +162,7 @@ def test_chapters_7_and_8_run_as_a_gpu_without_e4m3_runs_them(tmp_path):
            "08_fused_mlp.ipynb": "w8a16,  float16, M = 7"}
     for name, w8a16_line in ran.items():
         r = report.run_notebook(report._package_dir().parent / "book" / name,
-                                tmp_path / name, env={"KIMI_BOOK_MODE": "rehearsal-w8a16"})
+                                tmp_path / name, env={"KIMI_BOOK_MODE": "dry-run-w8a16"})
         assert r["failed"] is None, (name, r["failed"])
         cells = [c for c in json.loads((tmp_path / name).read_text())["cells"]
                  if c["cell_type"] == "code"]

@@ -29,18 +29,18 @@ class BookMode:
     """How chapters 7 to 9 run. `gpu`: their GPU code runs (compiled Triton kernels on a
     CUDA GPU with FP8 tensor cores, at Kimi K2's widths); otherwise Triton's CPU
     interpreter at small widths. `device`: where the tensors live. `reason`: which, and
-    why, in one line. `rehearsal`: the GPU code run on the CPU, through the interpreter,
+    why, in one line. `dry_run`: the GPU code run on the CPU, through the interpreter,
     at the small widths and untimed, so that a machine without a GPU can check that it
-    runs (set KIMI_BOOK_MODE=rehearsal; for the code path, never for numbers). `fp8`:
+    runs (set KIMI_BOOK_MODE=dry-run; for the code path, never for numbers). `fp8`:
     whether the FP8 (W8A8) kernels run: always through the interpreter, and on a GPU
     with an e4m3 type (compute capability 8.9 or more); on a GPU without one the
     chapters run their W8A16 cells at Kimi K2's widths and print `skipped` in the
-    others (KIMI_BOOK_MODE=rehearsal-w8a16 rehearses that on the CPU)."""
+    others (KIMI_BOOK_MODE=dry-run-w8a16 runs that on the CPU)."""
 
     gpu: bool
     device: torch.device
     reason: str
-    rehearsal: bool = False
+    dry_run: bool = False
     fp8: bool = True
 
     @property
@@ -51,13 +51,13 @@ class BookMode:
 
     def pick(self, cpu, gpu):
         "The CPU or the GPU variant of a setting (shapes, token counts), by the mode."
-        return gpu if self.gpu and not self.rehearsal else cpu
+        return gpu if self.gpu and not self.dry_run else cpu
 
     def rate(self, fn, **kwargs) -> dict:
-        "`rate(fn, **kwargs)` on a GPU; in a rehearsal, one untimed call of `fn`."
-        if self.rehearsal:
+        "`rate(fn, **kwargs)` on a GPU; in a dry run, one untimed call of `fn`."
+        if self.dry_run:
             fn()
-            return {"median_ms": None, "line": "rehearsal on the CPU: ran, not timed"}
+            return {"median_ms": None, "line": "dry run on the CPU: ran, not timed"}
         return rate(fn, **kwargs)
 
 # %% ../../book/appendix_c_measuring.ipynb #dafa62d1
@@ -70,20 +70,20 @@ def book_mode() -> BookMode:
     a machine with CUDA unless the reader asks for it. Also raises if the kernels were
     already imported in the other mode (Triton cannot switch then: restart Python)."""
     why = "there is no CUDA device"
-    rehearse = os.environ.get("KIMI_BOOK_MODE")
-    if rehearse in ("rehearsal", "rehearsal-w8a16"):
+    asked = os.environ.get("KIMI_BOOK_MODE")
+    if asked in ("dry-run", "dry-run-w8a16"):
         os.environ["TRITON_INTERPRET"] = "1"
-        if rehearse == "rehearsal-w8a16":    # the kernels stand for an A100 (sm_80),
+        if asked == "dry-run-w8a16":    # the kernels stand for an A100 (sm_80),
             os.environ["KIMI_MLP_TARGET"] = "sm_80"   # read when they are imported
-        without = ", as a GPU without e4m3 runs it" if rehearse != "rehearsal" else ""
+        without = ", as a GPU without e4m3 runs it" if asked != "dry-run" else ""
         return _agreed(
             BookMode(
                 True,
                 torch.device("cpu"),
-                f"a rehearsal of the GPU code on the CPU{without} "
-                f"(KIMI_BOOK_MODE={rehearse}): interpreter, small widths, no timings",
-                rehearsal=True,
-                fp8=rehearse == "rehearsal",
+                f"a dry run of the GPU code on the CPU{without} "
+                f"(KIMI_BOOK_MODE={asked}): interpreter, small widths, no timings",
+                dry_run=True,
+                fp8=asked == "dry-run",
             )
         )
     if torch.cuda.is_available():
@@ -144,7 +144,7 @@ def gpu_refusal(device: torch.device, fp8: bool = True) -> str | None:
 def _agreed(mode: BookMode) -> BookMode:
     "The mode, unless kimi_mlp.kernels was already imported the other way."
     kernels = sys.modules.get("kimi_mlp.kernels")
-    compiled = mode.gpu and not mode.rehearsal
+    compiled = mode.gpu and not mode.dry_run
     if kernels is not None and kernels.INTERPRETED == compiled:
         state = "on" if kernels.INTERPRETED else "off"
         raise RuntimeError(

@@ -317,8 +317,8 @@ def _report_notebook(report: _Report, args, name: str) -> None:
         why = f"{left:.0f} s of the budget left, fewer than 30"
         report.add({"step": step, "ok": False, "skipped": True, "reason": why})
     else:
-        rehearse = {"KIMI_BOOK_MODE": "rehearsal"} if args.cpu_smoke else {}
-        r = run_notebook(src, report.out / name, timeout_s=left, env=rehearse)
+        dry_run = {"KIMI_BOOK_MODE": "dry-run"} if args.cpu_smoke else {}
+        r = run_notebook(src, report.out / name, timeout_s=left, env=dry_run)
         report.add({"step": step, "ok": r["failed"] is None, **r})
     s = report.run["steps"][-1]
     report.say(f"{name}: " + ("ran, every cell passed" if s["ok"] else s.get("reason")
