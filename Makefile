@@ -67,7 +67,7 @@ export: $(STAMP)
 execute: $(STAMP)
 	$(PY) tools/execute.py $(NB)
 
-## GPU benchmarks (chapter 9): writes book/data/bench_<gpu>_<date>.json on a CUDA machine.
+## GPU benchmarks (chapter 11): writes book/data/bench_<gpu>_<date>.json on a CUDA machine.
 bench: $(STAMP)
 	$(PY) -m kimi_mlp bench
 

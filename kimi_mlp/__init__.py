@@ -17,14 +17,14 @@ from .checkpoint import load_dense_block, write_synthetic_checkpoint
 
 __version__ = "0.1.0"
 
-# The fused Triton block (chapter 8) needs Triton: import it on first use, so that
+# The fused Triton block (chapter 10) needs Triton: import it on first use, so that
 # `import kimi_mlp` works without it. Importing kimi_mlp.fused (or kimi_mlp.kernels) turns on
 # Triton's CPU interpreter when no CUDA device is present.
 _LAZY = {"FusedFp8DenseMLP": "fused", "fused_ffn_block": "fused",
-         # the block across ranks (chapter 10); torch.distributed, and Triton for "fused"
+         # the block across ranks (chapter 12); torch.distributed, and Triton for "fused"
          "TensorParallelFFN": "parallel", "load_dense_shard": "parallel",
          "tp_ffn_block": "parallel",
-         # inside a Hugging Face DeepseekV3 model (chapter 11); Triton for "fused"
+         # inside a Hugging Face DeepseekV3 model (chapter 13); Triton for "fused"
          "fuse_ffn": "hf", "FusedMLP": "hf",
          # the Gluon GEMMs for Hopper (appendix F), opt-in
          "GluonFp8DenseMLP": "kernels.gluon",

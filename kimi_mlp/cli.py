@@ -30,7 +30,7 @@ __all__ = ['COMMANDS', 'EXTERNAL_COMMANDS', 'EXIT_OK', 'EXIT_FAILED', 'EXIT_USAG
 # %% ../book/appendix_b_cli.ipynb #6d35a103
 COMMANDS: dict[str, tuple[str, object, object]] = {}  # name -> (help, add_args, run)
 EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {  # name -> (module, help)
-    "bench": ("kimi_mlp.apparatus.harness", "GPU benchmarks (chapter 9, appendix E)"),
+    "bench": ("kimi_mlp.apparatus.harness", "GPU benchmarks (chapter 11, appendix E)"),
     "gpu-report": (
         "kimi_mlp.apparatus.report",
         "everything that needs a GPU, in one run (appendix C)",
@@ -41,7 +41,7 @@ EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {  # name -> (module, help)
              "this GPU's tile table, timed -> JSON (appendix E)"),
     "tp-check": (
         "kimi_mlp.parallel",
-        "the block split across ranks, under torchrun (ch. 10)",
+        "the block split across ranks, under torchrun (ch. 12)",
     ),
 }
 

@@ -43,7 +43,7 @@ __all__ = ['PATHS', 'PATH_RATE', 'KIB', 'GPUS', 'FAMILIES', 'OLDEST', 'NEWER', '
 class Family:
     """One GPU family: the compute capabilities it covers, the matrix path the kernels
     take there, shared memory (the most one program may use, and one SM's), the name
-    of its tile table in chapter 7, whether the kernels read through TMA, and its
+    of its tile table in chapter 8, whether the kernels read through TMA, and its
     named GPUs, the first of which a plan without a GPU stands for."""
     arch: int
     name: str

@@ -5,7 +5,7 @@ from __future__ import annotations
 __all__ = ['TILES_SCHEMA', 'TILES_ENV', 'TILES_JSON_SCHEMA', 'tiles_file_name', 'TileConfig', 'TileRow', 'TilesFile', 'load_tiles', 'tuned_tiles']
 
 # %% ../book/appendix_c_measuring.ipynb #729f7028
-# kimi_mlp.tiles: the measured tile tables, data that chapter 7's kernels read. It
+# kimi_mlp.tiles: the measured tile tables, data that chapter 8's planner reads. It
 # imports nothing of the package, so the kernels can import it.
 import json
 import os

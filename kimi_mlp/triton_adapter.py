@@ -6,7 +6,7 @@ __all__ = ['INTERPRETED', 'REDECORATED', 'CompileOnlyDriver', 'compiling_for']
 
 # %% ../book/appendix_c_measuring.ipynb #b1e7c2a1
 # kimi_mlp.triton_adapter: the one module that touches Triton's internals. It imports
-# nothing of the package, so that chapter 7's kernels can import it first.
+# nothing of the package, so that the kernels of chapters 7 to 9 can import it first.
 import contextlib
 import os
 import sys

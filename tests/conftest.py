@@ -32,8 +32,8 @@ SLOW = (
     "test_gluon.py::test_the_gluon_gemms_keep_a_wgmma_group_in_flight_for_sm_90a",
     "test_gluon.py::test_the_gluon_gemms_compile_with_triton_3_6_too",
     # execute notebooks, build the book
-    "test_measure.py::test_gpu_report_smoke_dry_runs_chapters_7_to_9",
-    "test_measure.py::test_chapters_7_and_8_run_as_a_gpu_without_e4m3_runs_them",
+    "test_measure.py::test_gpu_report_smoke_dry_runs_the_report_notebooks",
+    "test_measure.py::test_the_kernel_chapters_run_as_a_gpu_without_e4m3_runs_them",
     "test_colab.py::test_the_built_book_links_each_notebook_to_colab",
     # the static check of the whole package
     "test_gpu_paths.py::test_mypy_finds_no_undefined_name_or_attribute",
@@ -69,7 +69,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture
 def patch_everywhere(monkeypatch):
     """`monkeypatch.setattr(module, name, value)` for a name that several modules of the
-    package hold: chapter 7's modules import names from one another (and
+    package hold: the modules of chapters 7 to 9 import names from one another (and
     `kimi_mlp.kernels` re-exports them), so every kimi_mlp module bound to the same
     object gets `value`, and a call from any of them sees it. Undone after the test."""
     import sys

@@ -1,4 +1,4 @@
-"""Chapter 9 and appendix E: the roofline (kimi_mlp.bench) and the benchmark harness
+"""Chapter 11 and appendix E: the roofline (kimi_mlp.bench) and the benchmark harness
 (kimi_mlp.apparatus.harness) without a GPU.
 
 The plot and target functions are exercised on a SYNTHETIC record written to a temporary directory
@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from pathlib import Path  # noqa: E402
 
-from kimi_mlp import bench as B  # noqa: E402  (chapter 9)
+from kimi_mlp import bench as B  # noqa: E402  (chapter 11)
 from kimi_mlp import fused as FU  # noqa: E402
 from kimi_mlp.apparatus import harness, plots, provenance, records  # noqa: E402  (appendices C, E)
 from kimi_mlp.fused import random_dense_block  # noqa: E402
@@ -250,7 +250,7 @@ def test_pad_rows_for_cublas_scales():
     assert harness.pad_rows(same, torch.rand(8, 2))[0] is same
 
 
-# --- the per-GPU datasheet figures (appendix G's registry; chapter 9's floors on other GPUs) ---------------------
+# --- the per-GPU datasheet figures (appendix G's registry; chapter 11's floors on other GPUs) ---------------------
 
 RATE_KEYS = ("bf16_flop_per_s", "fp16_flop_per_s", "fp8_flop_per_s", "fp32_flop_per_s")
 
@@ -302,7 +302,7 @@ def test_the_registrys_gpus_are_datasheet_figures_with_sources():
 def test_floors_per_gpu_use_the_kernels_matrix_unit():
     gpus = {g["name"]: g for g in B.datasheet_gpus()}
     t4, a100, h200, a10g = (gpus[n] for n in ("T4", "A100 80GB", "H200", "A10G"))
-    for m in (1, 16, 4096):      # the FLOP of chapter 8's three launches: 2 M (3 d F)
+    for m in (1, 16, 4096):      # the FLOP of chapter 10's three launches: 2 M (3 d F)
         assert sum(c["flop"] for c in FU.fused_launch_costs(m)) == B.ffn_flop(m)
         assert B.ffn_flop(m) == 2 * m * 3 * 7168 * 18432
     # the T4's kernels run on FMA units: 8.1 TFLOP/s, not its tensor cores' 65

@@ -99,7 +99,7 @@ def test_keyboard_interrupt_is_one_line(capsys, monkeypatch):
 
 
 def test_synth_intermediate_size(tmp_path, capsys):
-    "`--intermediate-size` (chapter 10): a small checkpoint of another MLP width."
+    "`--intermediate-size` (chapter 12): a small checkpoint of another MLP width."
     from kimi_mlp.config import KimiK2Config
     d = tmp_path / "wide"
     assert main(["synth", str(d), "--intermediate-size", "1024"]) == 0

@@ -135,7 +135,7 @@ def test_compile_launches_refuses_the_interpreter():
 
 def _check_launches(report, record_property):
     """Each M launched rmsnorm_quant, gate/up, the down GEMM: three launches, split or
-    not (a split GEMM's last slice of a tile reduces it, FOLD: chapter 7)."""
+    not (a split GEMM's last slice of a tile reduces it, FOLD: chapter 8)."""
     assert report["target"] == "sm_90a" and report["ms"] == list(INSPECT_M)
     by_m = {m: {} for m in INSPECT_M}
     for v in report["variants"]:
@@ -195,7 +195,7 @@ def _check_every_gemm_is_wgmma_without_spills(report):
         if kind == "down":
             # fp32 -> bf16 by the hardware; the residual's rounding fused by LLVM into a
             # bf16 add (one rounding of the exact sum of two bf16 values: the same result
-            # as the interpreter's fp32 add, then rounding, as chapter 7 explains)
+            # as the interpreter's fp32 add, then rounding, as appendix D explains)
             assert cvt["cvt.rn.bf16x2.f32"] + cvt["cvt.rn.bf16.f32"] > 0
             assert (cvt["add.bf16x2"] > 0) == c["HAS_RESIDUAL"]
     assert seen == {(kind, m) for kind in ("gate_up", "down") for m in INSPECT_M}
@@ -261,7 +261,7 @@ def _check_gpucheck_and_bench(arch, report, record_property):
             assert mx["fp8_to_f16"] == 0, name
             if family == 89:
                 assert {op["shape"] for op in mx["ops"]} == {"m16n8k32"}, name
-            # chapter 7's `regs` column holds for every launch, not only the block's
+            # chapter 8's `regs` column holds for every launch, not only the block's
             kind = "gate_up" if v["kernel"].startswith("_gate") else "gemm"
             c = v["constexprs"]
             same = [r["regs"] for _, r in kernels.family_tiles(family)[kind]
@@ -284,7 +284,7 @@ for arch, bf16 in ((75, False), (80, True), (86, True)):
     t = "*bf16" if bf16 else "*fp16"
     sig = {"c_ptr": "*u8", "out_ptr": t, "n": "i32", "BF16": "constexpr",
            "BLOCK": "constexpr"}
-    src = ASTSource(kernels.dequant._decode_kernel, sig, {"BF16": bf16, "BLOCK": 1024})
+    src = ASTSource(kernels.w8a16._decode_kernel, sig, {"BF16": bf16, "BLOCK": 1024})
     decode = triton.compile(src, target=GPUTarget("cuda", arch, 32)).asm["ptx"]
     o = "*i16" if bf16 else "*fp16"
     sig = {"x_ptr": t, "w_ptr": "*u8", "w_s_ptr": "*fp32", "c_ptr": o, "r_ptr": "*i16",
@@ -305,7 +305,7 @@ print(json.dumps(out))
 
 
 def test_the_byte_decode_and_the_w8a16_gemm_compile_for_gpus_without_e4m3():
-    """Chapter 7's e4m3 decode from bytes and its W8A16 GEMM compile for Turing (fp16)
+    """Appendix H's e4m3 decode from bytes and its W8A16 GEMM compile for Turing (fp16)
     and Ampere (bf16), targets where Triton has no e4m3 type; the PTX names none. On
     Ampere the GEMM runs on the tensor cores (bf16 mma.sync); on Turing Triton gives it
     no matrix instruction (FMA units)."""
@@ -334,7 +334,7 @@ def test_every_gpu_family_compiles_the_block_without_spills(record_property):
     six compiled in one process (`inspect_matrix`): the W8A16 launches on Turing and
     Ampere, FP8 mma.sync on Ada and RTX 50xx, tcgen05 on B200. No variant spills or
     needs more shared memory than a block may have there; every GEMM variant has the
-    family's matrix instruction and at most the registers of its row of chapter 7's
+    family's matrix instruction and at most the registers of its row of chapter 8's
     tile table (`regs`)."""
     archs = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_100", "sm_120")
     reports = codegen.inspect_matrix({gpus.by_target(a).arch: None for a in archs},

@@ -79,7 +79,7 @@ def test_interpreted_never_claims_what_is_not_true():
 
 # --- The Hugging Face path -------------------------------------------------------------
 
-from test_hf import TINY, build  # noqa: E402  (chapter 11's tiny DeepseekV3)
+from test_hf import TINY, build  # noqa: E402  (chapter 13's tiny DeepseekV3)
 
 
 @pytest.fixture(scope="module")

@@ -1,11 +1,11 @@
-"""Split-K's reduction folded into its GEMM (chapter 7): the last slice of a tile to arrive
+"""Split-K's reduction folded into its GEMM (chapter 8): the last slice of a tile to arrive
 sums the tile's partials and runs the epilogue, so a split GEMM is one launch.
 
 Under Triton's interpreter the programs run one after another, and the folded sum adds the
 same float32 partials in the same slice order as the reduction kernels (the reference path,
 `force_reduce=True`): the results must be the same bits. Output buffers are poisoned with NaN
 (0x7F for e4m3) so an element nobody writes fails `torch.equal`. The arrival counters must be
-zero after every launch, so the next launch (the cached scratch of chapter 8, a CUDA graph's
+zero after every launch, so the next launch (the cached scratch of chapter 10, a CUDA graph's
 replay) finds them ready: a second launch on the same counters gives the same bits.
 """
 import json

@@ -1,4 +1,4 @@
-"""Chapter 8: the fused FFN half (kimi_mlp.fused) against chapter 5's references.
+"""Chapter 10: the fused FFN half (kimi_mlp.fused) against chapter 5's references.
 
 Kernels run through Triton's interpreter here (conftest sets TRITON_INTERPRET=1 without CUDA), so the
 shapes are small: hidden/intermediate 256/640 (multiples of 128) and 320/704 (not multiples).
@@ -135,7 +135,7 @@ def test_poisoned_allocations_restores_torch():
 
 
 def test_three_launches_in_order(blocks, monkeypatch, patch_everywhere):
-    "The lean path calls chapter 7's launchers, in order, and no checking wrapper."
+    "The lean path calls the launchers of chapters 7 to 9, in order, and no checking wrapper."
     block = blocks[SHAPES[1]]
     calls = []
     for name in ("_launch_rmsnorm_quant", "_launch_gate_up", "_launch_gemm",
@@ -265,7 +265,7 @@ def test_gpucheck_cpu_smoke_writes_its_record(tmp_path, capsys):
 
 
 def test_gpucheck_w8a16_checks_the_w8a16_launches_and_keeps_its_own_rows(tmp_path, capsys):
-    """`--path w8a16`: the W8A16 row (against mode "w8a16" within chapter 7's bound, and
+    """`--path w8a16`: the W8A16 row (against mode "w8a16" within appendix H's bound, and
     DeepGEMM's measure against torch bf16), in a record that names its launches; a w8a8
     run into the same directory does not adopt its rows."""
     from kimi_mlp.kernels import W8A16_BOUND
@@ -379,7 +379,8 @@ def test_ffn_tensors_accepts_a_norm_with_the_same_semantics():
 
 # ------------------------------------------------------------ the lean module: bind once, launch
 def _chain(h, block):
-    "The three public wrappers of chapter 7, one after the other, each checking its tensors."
+    """The three public wrappers of chapters 7 and 9, one after the other, each checking its
+    tensors."""
     norm, mlp = block.post_attention_layernorm, block.mlp
     x, xs = kernels.rmsnorm_quant(h, norm.weight, norm.eps)
     a, a_s = kernels.fp8_gate_up_swiglu_quant(x, xs, mlp.gate_proj.weight,

@@ -165,7 +165,7 @@ def test_the_stored_model_has_the_three_entries_chapter_9_prints():
 
 @pytest.mark.parametrize("gate_up", [False, True])
 def test_the_gluon_module_wires_the_block_as_the_triton_one(monkeypatch, gate_up):
-    """GluonFp8DenseMLP's launches on the CPU, its Gluon kernels replaced by chapter 7's
+    """GluonFp8DenseMLP's launches on the CPU, its Gluon kernels replaced by chapter 9's
     kernels of the same contract (the interpreter cannot run Gluon), GLUON_MIN_M set
     to 4 to keep the shapes small: from GLUON_MIN_M tokens on, the module's scratch, plans and operands reach them in the right places,
     so the output is the Triton module's, bit for bit; below, it is the Triton path."""

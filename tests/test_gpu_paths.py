@@ -391,14 +391,14 @@ def test_the_smoke_report_runs_notebooks_with_no_time_limit(monkeypatch, tmp_pat
         return {"notebook": src.name, "cells": 1, "failed": None, "seconds": 0.0}
 
     monkeypatch.setattr(report, "run_notebook", run)
-    argv = ["--cpu-smoke", "--steps", "notebooks", "--notebooks", "09_benchmarks.ipynb",
+    argv = ["--cpu-smoke", "--steps", "notebooks", "--notebooks", "11_benchmarks.ipynb",
             "--out", str(tmp_path)]
     assert report.gpu_report_main(argv) == 0
     assert seen == [None]
     assert report.gpu_report_main(argv) == 0          # a second call adds a run
     record = json.loads((tmp_path / "gpu-report.json").read_text())
     assert [r["steps"][0]["step"] for r in record["runs"]] == [
-        "notebook 09_benchmarks.ipynb"] * 2
+        "notebook 11_benchmarks.ipynb"] * 2
 
 
 # -- the compiled path of the notebook runner -----------------------------------------
@@ -413,7 +413,7 @@ def _notebook(path, *sources):
 
 
 def test_the_runner_lets_triton_compile_a_cell_s_jit_function(tmp_path):
-    """With TRITON_INTERPRET=0, as gpu-report runs chapter 7 on a GPU, `@triton.jit`
+    """With TRITON_INTERPRET=0, as gpu-report runs chapters 7 to 9 on a GPU, `@triton.jit`
     reads the function's source through `inspect`, which must find the cell's: the
     decorator has to succeed (nothing is compiled or launched)."""
     src = _notebook(tmp_path / "jit.ipynb",
@@ -510,7 +510,7 @@ def test_a_report_on_a_gpu_gives_a_notebook_what_is_left_of_its_budget(fake_gpu,
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(report, "run_notebook", run)
-    argv = ["--steps", "notebooks", "--notebooks", "09_benchmarks.ipynb", "--budget-s",
+    argv = ["--steps", "notebooks", "--notebooks", "11_benchmarks.ipynb", "--budget-s",
             "300", "--out", str(tmp_path)]
     assert report.gpu_report_main(argv) == 0
     assert len(seen) == 1 and 200 < seen[0] <= 300
@@ -520,7 +520,9 @@ def test_a_report_on_a_gpu_gives_a_notebook_what_is_left_of_its_budget(fake_gpu,
     ("check-decode", "--steps gpucheck --m 1,3,16,33"),
     ("check-prefill", "--steps gpucheck --m 128,512,1024,4096"),
     ("bench", "--steps bench --budget-s 350"),
-    ("ch9", "--steps notebooks --notebooks 09_benchmarks.ipynb --budget-s 410"),
+    ("ch7", "--steps notebooks --notebooks 07_triton.ipynb --budget-s 410"),
+    ("ch11", "--steps notebooks --notebooks 11_benchmarks.ipynb --budget-s 410"),
+    ("appH", "--steps notebooks --notebooks appendix_h_w8a16.ipynb --budget-s 410"),
     ("bench-w8a16", None),
     ("check-w8a16", None),
     ("check-gluon", None),

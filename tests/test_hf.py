@@ -1,4 +1,4 @@
-"""Chapter 11 (kimi_mlp.hf): the fused FFN inside a Hugging Face DeepseekV3 model built from a
+"""Chapter 13 (kimi_mlp.hf): the fused FFN inside a Hugging Face DeepseekV3 model built from a
 config written here (nothing is downloaded), under Triton's interpreter."""
 import copy
 
@@ -74,7 +74,7 @@ def test_the_fused_model_is_the_w8a8_model_and_w8a16_is_the_dequantized_one(tiny
 
 def test_each_replaced_module_meets_chapter_8s_bounds_on_its_own_inputs(tiny):
     """Every FusedMLP, on the inputs it received in the fused run, against the torch modules:
-    within 1e-2 of w8a8 (chapter 8, interpreter) and DeepGEMM's measure below 2^-9 against
+    within 1e-2 of w8a8 (chapter 10, interpreter) and DeepGEMM's measure below 2^-9 against
     w8a16."""
     model, ckpt, ids = tiny
     report, seen = hf.fuse_ffn(model, ckpt, layers="dense+shared"), {}
@@ -153,7 +153,7 @@ def test_a_model_on_the_meta_device_gets_the_checkpoints_codes(tiny):
 
 def test_w8a16_launches_in_the_swap(tiny, monkeypatch):
     """The W8A16 path (what a GPU without e4m3 takes), forced under the interpreter: the
-    dense layer's h + mlp(h) against the reference mode "w8a16" within chapter 7's
+    dense layer's h + mlp(h) against the reference mode "w8a16" within appendix H's
     W8A16_BOUND, in bf16 and in fp16."""
     _, ckpt, _ = tiny
     block = load_dense_block(ckpt, layer=0)

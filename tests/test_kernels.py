@@ -10,7 +10,7 @@ Tolerances:
 - bit for bit where the kernel and the reference do the same IEEE operations (dequantization,
   the e4m3 and bf16 roundings, the activation quantizer applied to the same input);
 - bit for bit against the w8a8 reference for a GEMM with one K slice under the interpreter: each
-  step's 128-term dot is exact in float64 in both (EXACT_DOT, chapters 5 and 7), rounded once,
+  step's 128-term dot is exact in float64 in both (EXACT_DOT, chapters 5 and 8), rounded once,
   then scaled and accumulated in the same order, so no summation order is left to differ;
 - relative error ||out - ref|| / ||ref|| <= 1e-2 against the w8a8 reference otherwise (split-K
   adds the slices' partial sums in another association; a GPU's tensor cores sum in their own
@@ -252,7 +252,7 @@ def test_fp8_gemm_float32_output_and_split_k_agree():
             assert torch.equal(got.cpu(), ref)
 
 
-# The planner (chapter 7's plan_gemm) at Kimi K2's shapes on an H200's 132 SMs.
+# The planner (chapter 8's plan_gemm) at Kimi K2's shapes on an H200's 132 SMs.
 def test_plan_decode_makes_whole_waves():
     gu = K.plan_gemm("gate_up", 1, 18432, 7168, 132)
     assert (gu["SWAP"], gu["tiles"], gu["split_k"], gu["steps"]) == (True, 144, 8, 7)
@@ -857,7 +857,7 @@ def test_the_byte_decode_refuses_bad_input(args, error, match):
 
 
 def _w8a16_oracle(x, w_fp8, w_scale):
-    "float64 on the same values, and the bound chapter 7 derives for the kernel."
+    "float64 on the same values, and the bound appendix H derives for the kernel."
     n, k = w_fp8.shape
     w64 = (w_fp8.double() * w_scale.double().repeat_interleave(128, 0)[:n]
            .repeat_interleave(128, 1)[:, :k])

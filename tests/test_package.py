@@ -23,9 +23,9 @@ PUBLIC_API = [
     "Fp8DenseMLP", "load_dense_block", "write_synthetic_checkpoint",
     # issue 5 (imported lazily: they need Triton)
     "FusedFp8DenseMLP", "fused_ffn_block",
-    # issue 15 (imported lazily: chapter 10's module imports the kernels)
+    # issue 15 (imported lazily: chapter 12's module imports the kernels)
     "TensorParallelFFN", "load_dense_shard", "tp_ffn_block",
-    # issue 21 (imported lazily: chapter 11's module imports the kernels)
+    # issue 21 (imported lazily: chapter 13's module imports the kernels)
     "fuse_ffn", "FusedMLP",
 ]
 
@@ -149,10 +149,11 @@ def test_the_import_graph_reads_subpackages(tmp_path):
 #: The teaching modules in the order of their chapters, with the modules they rest on
 #: first (appendix A's reader; appendix C's tile tables and its adapter to Triton's
 #: internals; appendix G's registry of GPU families), and appendix B's command line,
-#: which chapter 10's command extends.
+#: which chapter 12's command extends.
 TEACHING = ("safetensors_io", "tiles", "triton_adapter", "gpus", "config", "rmsnorm", "block", "swiglu", "fp8",
             "checkpoint", "cli", "kernels.runtime", "kernels.numerics", "kernels.dequant",
-            "kernels.norm_quant", "kernels.plan", "kernels.gemm", "kernels.epilogues",
+            "kernels.norm_quant", "kernels.plan", "kernels.gemm", "kernels.tensor_cores",
+            "kernels.epilogues",
             "kernels.w8a16", "kernels", "fused", "bench", "parallel", "hf")
 
 
@@ -202,7 +203,7 @@ def test_the_apparatus_is_a_subpackage_of_its_own():
     assert not set(APPARATUS) & set(files)
     kernels = {m for m in files if m.startswith("kernels.")}
     assert kernels == {f"kernels.{m}" for m in ("runtime", "numerics", "dequant",
-                                                 "norm_quant", "plan", "gemm",
+                                                 "norm_quant", "plan", "gemm", "tensor_cores",
                                                  "epilogues", "w8a16", "gluon")}
     assert not {"gluon", "measure", "codegen"} & set(files)
 
@@ -273,3 +274,22 @@ def test_the_wheel_installs_every_module(tmp_path):
     expected = {n.removesuffix(".__init__") for n in expected}
     missing = expected - set(ast.literal_eval(imported))
     assert not missing, f"not imported from the wheel: {sorted(missing)}"
+
+
+def test_every_kernel_module_is_short():
+    """Each module of `kimi_mlp.kernels` is one chapter's idea (or one appendix's), short
+    enough to read beside its chapter: at most 600 lines."""
+    folder = Path(kimi_mlp.__file__).parent / "kernels"
+    long = {p.name: n for p in folder.glob("*.py")
+            if (n := len(p.read_text().splitlines())) > 600}
+    assert not long, long
+
+
+def test_each_kernel_module_comes_from_one_chapter():
+    """A chapter exports its own modules: no module of `kimi_mlp.kernels` is assembled from
+    the cells of two notebooks."""
+    import re
+    folder = Path(kimi_mlp.__file__).parent / "kernels"
+    for p in folder.glob("*.py"):
+        sources = set(re.findall(r"^# %% \.\./\.\./book/(\S+\.ipynb)", p.read_text(), re.M))
+        assert len(sources) <= 1, (p.name, sources)

@@ -1,4 +1,4 @@
-"""Chapter 10: the FFN block across ranks (kimi_mlp.parallel), on the CPU with gloo.
+"""Chapter 12: the FFN block across ranks (kimi_mlp.parallel), on the CPU with gloo.
 
 The distributed tests start real processes, as users do: `spawn_ranks`
 (torch.multiprocessing, start method spawn, a file rendezvous) for P = 2 and 4, and

@@ -80,3 +80,17 @@ def test_each_rule_catches_what_it_names(text):
 ])
 def test_what_the_book_may_say_passes(text):
     assert not findings(text), findings(text)
+
+
+def test_the_host_target_states_its_stored_figure():
+    """Where chapter 11 states target 5 it gives the stored measurement and its verdict:
+    the figure and the word must be those the measuring cell stored."""
+    cells = {c.get("id"): c for c in
+             json.loads((BOOK / "11_benchmarks.ipynb").read_text())["cells"]}
+    stored = "".join("".join(o.get("text", "")) for o in cells["85bec4ef"]["outputs"])
+    m = re.search(r"<= 15 µs: (\d+\.\d) µs, [\d.]+ x the target: (met|MISSED)", stored)
+    assert m, stored
+    figure, verdict = m.groups()
+    prose = "".join(cells["6cd5f30e"]["source"])
+    said = "Met" if verdict == "met" else "Missed"
+    assert f"**{said}, at {figure} µs**" in prose, (figure, verdict)

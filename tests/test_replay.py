@@ -1,4 +1,4 @@
-"""Chapter 8's kept launches: the first call at a kept token count records its launches
+"""Chapter 10's kept launches: the first call at a kept token count records its launches
 (chapter 7's `recording`), later calls make the same ones on their own rows and output
 (`_replayed`), and anything the recording cannot vouch for is not reused."""
 import pytest

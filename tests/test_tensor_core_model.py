@@ -1,4 +1,4 @@
-"""Chapter 7's model of FP8 tensor-core sums, and the GPU bounds derived from it.
+"""Chapter 8's model of FP8 tensor-core sums, and the GPU bounds derived from it.
 
 The model: products exact, the running sum cut toward zero to TC_ACC_BITS mantissa bits
 after each 32 products, promoted (scaled, added in float32) every 128. Every bound that
@@ -41,15 +41,15 @@ def test_without_the_cut_the_model_is_the_exact_reference(rng):
 def test_the_cut_keeps_bits_plus_one_significant_bits_toward_zero(rng):
     x = torch.randn(10_000, generator=rng, dtype=torch.float64) * 1e3
     for bits in (10, 13, 14):
-        c = kernels.numerics._cut(x, bits)
+        c = kernels.tensor_cores._cut(x, bits)
         assert (c.abs() <= x.abs()).all() and (torch.sign(c) == torch.sign(x)).all()
         assert ((x - c).abs() < x.abs() * 2.0**-bits).all()
         mant, _ = torch.frexp(c)
         scaled = mant * 2.0 ** (bits + 1)
         assert torch.equal(scaled, torch.trunc(scaled))     # no bit below the kept ones
-        assert torch.equal(kernels.numerics._cut(c, bits), c)         # representable: unchanged
+        assert torch.equal(kernels.tensor_cores._cut(c, bits), c)         # representable: unchanged
     special = torch.tensor([0.0, -0.0, float("nan"), float("inf")], dtype=torch.float64)
-    out = kernels.numerics._cut(special, 13)
+    out = kernels.tensor_cores._cut(special, 13)
     assert out[0] == 0 and out[1] == 0 and out[2].isnan() and out[3] == float("inf")
 
 
@@ -81,7 +81,7 @@ def test_promotion_keeps_the_error_from_growing_with_k(rng):
     promoted = rel(kernels.tensor_core_matmul(a, ones_a, w, ones_w), exact)
     chain = torch.zeros(2, 128, dtype=torch.float64)
     for c in range(0, 4096, 32):
-        chain = kernels.numerics._cut(chain + a[:, c:c + 32].double() @ w[:, c:c + 32].double().T,
+        chain = kernels.tensor_cores._cut(chain + a[:, c:c + 32].double() @ w[:, c:c + 32].double().T,
                              kernels.TC_ACC_BITS)
     assert rel(chain, exact) > 8 * promoted
 

@@ -1,5 +1,5 @@
 """Configs from measurements without a GPU: appendix C's tile tables (load_tiles,
-tuned_tiles) read, checked and used by chapter 7's plan_gemm; appendix E's tune sweep
+tuned_tiles) read, checked and used by chapter 8's plan_gemm; appendix E's tune sweep
 refuses without a GPU and runs its checks through the interpreter; the host-time
 helpers stub every launch."""
 import json

@@ -1,5 +1,5 @@
-"""The W8A16 block of chapter 7, section 6: the launches GPUs without an e4m3 type run,
-here through Triton's interpreter (on a GPU, compiled). Bounds are the chapter's: the
+"""The W8A16 block of appendix H: the launches GPUs without an e4m3 type run, here
+through Triton's interpreter (on a GPU, compiled). Bounds are the appendix's: the
 reference `mode="w8a16"` rounds the three dequantized weights too, so every later
 rounding lands on other values: W8A16_BOUND; chapter 6's float64 oracle holds both
 within 2^-6."""
@@ -146,7 +146,7 @@ def test_w8a16_wrappers_refuse_bad_input(block):
 
 def test_the_benchmark_runs_the_w8a16_path():
     """Appendix E's sweep with path "w8a16" (the smoke run: interpreter, no timings):
-    the fused module and the unfused W8A16 pipeline are held to chapter 7's bound on
+    the fused module and the unfused W8A16 pipeline are held to appendix H's bound on
     the output against w8a16, the record says which launches ran, and the launches
     timed one by one are the W8A16 ones."""
     from kimi_mlp.apparatus import harness

@@ -6,7 +6,7 @@
 For four variants (gate/up at M = 32 and 4096, the down GEMM at M = 1 and 4096) this
 script builds the kernel's `triton.compiler.ASTSource` by hand (signature, flags and
 alignment attributes written out below, not taken from a launch; the tile row and the
-split from chapter 7's `plan_gemm`), compiles it with
+split from chapter 8's `plan_gemm`), compiles it with
 `triton.compile` for GPUTarget("cuda", 90, 32) in an empty Triton cache, with no driver
 replaced and no wrapper called, and reads the result with other tools than `inspect`:
 
@@ -72,7 +72,7 @@ def gemm_types(plan) -> list[str]:
 
 def case(kind, m, ones, div16):
     """One launch as the wrappers make it at 7168 / 18432 on an H200 (132 SMs): the tile
-    row and split from chapter 7's plan_gemm, the rest (argument types, the integers
+    row and split from chapter 8's plan_gemm, the rest (argument types, the integers
     that are 1 or divisible by 16, the flags) written out here."""
     n, k = (18432, 7168) if kind == "gate_up" else (7168, 18432)
     plan = kernels._with_meta(kernels.plan_gemm(kind, m, n, k, 132))

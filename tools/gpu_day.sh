@@ -6,21 +6,23 @@
 #                            machine's provenance; one entry per call
 #   gpucheck.json / .log     the GPU check, one row per M, rows of earlier calls kept
 #   bench_*.json / .log      the sweep, rewritten after every M
-#   07_kernels.ipynb ...     a chapter executed on the GPU, rewritten after every cell
+#   07_triton.ipynb ...      a chapter executed on the GPU, rewritten after every cell
 #
 # usage: tools/gpu_day.sh STEP OUT
 #   check-decode    the GPU check at M = 1, 3, 16, 33 (real shapes, compiled kernels)
 #   check-prefill   the GPU check at M = 128, 512, 1024, 4096
 #   bench           the benchmark sweep, M = 1 ... 8192 while the time lasts
-#   bench-w8a16     the same sweep on chapter 7's W8A16 path (on an FP8 GPU: W8A16 there)
+#   bench-w8a16     the same sweep on appendix H's W8A16 path (on an FP8 GPU: W8A16 there)
 #   check-w8a16     the GPU check of the W8A16 launches at M = 1, 16, 128, 4096, into
 #                   OUT/w8a16/ (its own gpucheck.json beside the FP8 one)
 #   check-gluon     the GPU check of appendix F's Gluon GEMMs (Hopper) at M = 512, 1024,
 #                   4096, against the same oracle as the Triton ones and timed beside
 #                   them, into OUT/gluon/
-#   ch7 | ch8 | ch9 one chapter executed on the GPU
-# In this order on one GPU: check-decode, check-prefill, bench, ch7, ch8, ch9, bench-w8a16,
-# check-w8a16, check-gluon.
+#   ch7 ... ch11    one chapter executed on the GPU (7 to 9: the kernels; 10: the fused
+#                   module; 11: the benchmarks)
+#   appH            appendix H, the W8A16 kernels, executed on the GPU
+# In this order on one GPU: check-decode, check-prefill, bench, ch7 ... ch11, appH,
+# bench-w8a16, check-w8a16, check-gluon.
 #
 # Compiled kernels go to TRITON_CACHE_DIR, by default .triton-cache/ in the tree (ignored by
 # git), so a later step on the same machine reuses what an earlier one compiled; fused
@@ -63,8 +65,11 @@ case "$step" in
     check-gluon)   timeout --foreground --signal=INT --kill-after=15 "$limit" \
                        "$py" -m kimi_mlp.gpucheck --path gluon --m 512,1024,4096 \
                        --out "$out/gluon" --git-commit "$commit" ;;
-    ch7)           report --steps notebooks --notebooks 07_kernels.ipynb --budget-s $((limit - 60)) ;;
-    ch8)           report --steps notebooks --notebooks 08_fused_mlp.ipynb --budget-s $((limit - 60)) ;;
-    ch9)           report --steps notebooks --notebooks 09_benchmarks.ipynb --budget-s $((limit - 60)) ;;
+    ch7)           report --steps notebooks --notebooks 07_triton.ipynb --budget-s $((limit - 60)) ;;
+    ch8)           report --steps notebooks --notebooks 08_gemm.ipynb --budget-s $((limit - 60)) ;;
+    ch9)           report --steps notebooks --notebooks 09_epilogues.ipynb --budget-s $((limit - 60)) ;;
+    ch10)          report --steps notebooks --notebooks 10_fused_mlp.ipynb --budget-s $((limit - 60)) ;;
+    ch11)          report --steps notebooks --notebooks 11_benchmarks.ipynb --budget-s $((limit - 60)) ;;
+    appH)          report --steps notebooks --notebooks appendix_h_w8a16.ipynb --budget-s $((limit - 60)) ;;
     *) echo "tools/gpu_day.sh: unknown step '$step'" >&2; exit 2 ;;
 esac

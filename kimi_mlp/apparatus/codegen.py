@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 
 from .. import gpus                # appendix G: the GPU families
-from ..bench import BENCH_M       # the benchmark's token counts (chapter 9)
+from ..bench import BENCH_M       # the benchmark's token counts (chapter 11)
 # the GPU check's token counts, and its parser of --m 1,16
 from .gpu_check import GPUCHECK_M, _parse_m
 
@@ -710,7 +710,7 @@ MODEL_M = (1, 16, 64, 128, 1024, 4096)
 def model_rows(report: dict, ms=MODEL_M, hw: dict = H200_MODEL,
                replace: dict | None = None, replace_from: int = 1) -> list[dict]:
     """Per M: the modelled block (`model_block`, with `replace` from `replace_from`
-    tokens on), its roofline floor at the model's ceilings (chapter 9's
+    tokens on), its roofline floor at the model's ceilings (chapter 11's
     `roofline_floor_s`) and torch bf16's floor at the measured bf16 rate (no
     implementation with bf16 weights can beat it). Times in µs."""
     from kimi_mlp.bench import roofline_floor_s

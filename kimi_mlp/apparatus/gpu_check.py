@@ -52,7 +52,7 @@ GPUCHECK_BOUNDS = {"norm_vs_rms_norm": 2.0 ** -8, "fp8_gemm": 1e-2,
                    "deepgemm_vs_w8a16": 1e-3, "deepgemm_mlp_part": 2.0 ** -9}
 
 
-#: The checks on tensor-core sums, with the share of chapter 8's `tensor_core_shares`
+#: The checks on tensor-core sums, with the share of chapter 10's `tensor_core_shares`
 #: that each bound gets on a GPU (computed on every run: under the interpreter, whose
 #: steps are exact, it only loosens the bounds a little).
 TENSOR_CORE_CHECKS = {"fp8_gemm": "gemm", "swiglu_act": "p", "block_vs_w8a8": "block"}
@@ -137,7 +137,7 @@ def check_block_once(block: nn.Module, h: torch.Tensor,
 
 # %% ../../book/appendix_c_measuring.ipynb #5f8f39f2
 def w8a16_bounds() -> dict:
-    "The W8A16 row's bounds: chapter 7's W8A16_BOUND, DeepGEMM's 1e-3 (above)."
+    "The W8A16 row's bounds: appendix H's W8A16_BOUND, DeepGEMM's 1e-3 (above)."
     from kimi_mlp.kernels import W8A16_BOUND              # defined after book_mode
     return {"block_vs_w8a16": W8A16_BOUND, "deepgemm_vs_bf16": 1e-3}
 
@@ -171,7 +171,7 @@ def gluon_bounds() -> dict:
 def check_gluon_once(block: nn.Module, h: torch.Tensor, fused,
                      w_bf16: dict | None = None) -> dict:
     """The Gluon checks for one input h [M, d] bf16; `fused`: a `GluonFp8DenseMLP` of
-    `block`. Its output and that of chapter 8's Triton launches (poisoned
+    `block`. Its output and that of chapter 10's Triton launches (poisoned
     allocations), each against the block's `mode="w8a8"` within `gluon_bounds` plus the
     tensor cores' share, and DeepGEMM's measure against torch bf16; verdict `ok`.
     `gluon_equals_triton` is reported, not judged: both promote every 128 in the same
@@ -462,10 +462,10 @@ def gpucheck_main(argv=None) -> int:
                        for k, v in log.bounds.items())
     log.say(f"bounds: {bounds}" if path == "w8a16" else
             f"bounds: {bounds}; block_vs_w8a8 plus the tensor cores' share "
-            "(chapter 7's model, per M in the record)" if path == "gluon" else
+            "(chapter 8's model, per M in the record)" if path == "gluon" else
             f"bounds: norm bits identical, native roundings = integer ones, {bounds}; "
             f"{', '.join(TENSOR_CORE_CHECKS)} plus the tensor cores' share (chapter "
-            "7's model, per M in the record)")
+            "8's model, per M in the record)")
     ok = all(r["ok"] for r in log.rows)
     log.say(f"{'all checks passed' if ok else 'SOME CHECKS FAILED'} in "
             f"{time.perf_counter() - t0:.0f} s")

@@ -38,7 +38,7 @@ PROVIDERS = {
     "torch_bf16": "torch bf16, dequantized weights (cuBLAS)",
     "unfused_w8a8": "unfused W8A8, one launch per step (our fp8_gemm)",
     "unfused_w8a16": "unfused W8A16, one launch per step (our w8a16_gemm)",
-    "fused": "fused Triton, FusedFp8DenseMLP (chapter 8)",
+    "fused": "fused Triton, FusedFp8DenseMLP (chapter 10)",
     "scaled_mm": "unfused W8A8 with torch._scaled_mm block-scaled (cuBLAS)",
 }
 
@@ -69,7 +69,7 @@ def unfused_w8a8_ffn(
 ) -> torch.Tensor:
     """The FFN half as DeepSeek's reference structures it, one launch per step, bf16
     between steps. h: [M, d] bf16; t: `ffn_tensors(block)`; `gemm(a_fp8, a_scale, w_fp8,
-    w_scale) -> [M, N] bf16` (default chapter 7's `fp8_gemm`). Returns [M, d] bf16."""
+    w_scale) -> [M, N] bf16` (default chapter 8's `fp8_gemm`). Returns [M, d] bf16."""
     gemm = gemm or kernels.fp8_gemm
     x, xs = kernels.rmsnorm_quant(h, t.norm_weight, t.eps)
     g = gemm(x, xs, t.gate, t.gate_scale)
@@ -79,9 +79,9 @@ def unfused_w8a8_ffn(
 
 
 def unfused_w8a16_ffn(h: torch.Tensor, t: FfnTensors, dtype=torch.bfloat16):
-    """The FFN half in W8A16, one launch per step: chapter 2's norm in torch, chapter
-    7's `w8a16_gemm` for each projection with activations in `dtype` (bf16, or fp16 on
-    Turing), SiLU and the product in torch, the residual added in bf16."""
+    """The FFN half in W8A16, one launch per step: chapter 2's norm in torch,
+    appendix H's `w8a16_gemm` for each projection with activations in `dtype` (bf16, or
+    fp16 on Turing), SiLU and the product in torch, the residual added in bf16."""
     x = rms_norm(h, t.norm_weight, t.eps).to(dtype)
     g = kernels.w8a16_gemm(x, t.gate, t.gate_scale)
     u = kernels.w8a16_gemm(x, t.up, t.up_scale)
@@ -158,7 +158,7 @@ def make_providers(block, names=tuple(PROVIDERS), w_bf16: dict | None = None,
                    path: str | None = None) -> dict:
     """{name: {"fn": h -> out, "label", "available", "reason"}} for the providers in
     `names`. h: [M, d] bf16 on the block's device. `path`: the fused module's launches,
-    "w8a8" or "w8a16" (chapter 8's `mode`; None: the GPU family's); the FP8 providers
+    "w8a8" or "w8a16" (chapter 10's `mode`; None: the GPU family's); the FP8 providers
     are unavailable (no "fn") on a GPU without e4m3."""
     t = ffn_tensors(block)
     device = t.norm_weight.device
@@ -214,11 +214,11 @@ def check_output(
     """Errors of provider `name`'s output against the references, and whether they meet
     BENCH_BOUNDS: DeepGEMM's measure on the block output against w8a16 (`torch_bf16`
     itself: against w8a8), and the relative error of the MLP part `out - h` against
-    w8a8; the fused block's bound plus `share`, the tensor cores' (chapter 8's
+    w8a8; the fused block's bound plus `share`, the tensor cores' (chapter 10's
     `tensor_core_shares`). A W8A16 provider (`w8a16`: its activations, "bf16" or
-    "fp16") is held instead to chapter 7's bound on the whole output against w8a16."""
+    "fp16") is held instead to appendix H's bound on the whole output against w8a16."""
     dg = deepgemm_measure(out, ref8 if name == "torch_bf16" else ref16)
-    if w8a16 is not None:   # chapter 7's section 6: the output against the reference
+    if w8a16 is not None:   # appendix H: the output against the reference
         rel, bound = relative_error(out, ref16), BENCH_BOUNDS["rel_out_w8a16"]
         return {"deepgemm": dg, "rel_err_out": rel, "rel_bound": bound,
                 "ok": bool(torch.isfinite(out).all()) and dg < BENCH_BOUNDS["deepgemm"]
@@ -261,7 +261,7 @@ def fused_launches(block, h: torch.Tensor, dtype=None) -> dict:
 
 
 def _kernel_choices(m: int, d: int, f: int, device, path: str = "w8a8") -> dict:
-    """The plans (chapter 7's `plan_gemm`, with this GPU's SM count and measured table)
+    """The plans (chapter 8's `plan_gemm`, with this GPU's SM count and measured table)
     the fused block launches for m tokens on `path`, recorded beside the timings."""
     device = torch.device(device)
     plan_for = kernels._w8a16_plan_for if path == "w8a16" else kernels._plan_for
@@ -385,7 +385,7 @@ def _bench_device(cpu_smoke: bool, device) -> torch.device:
 
 def _bench_path(path: str, device: torch.device) -> str:
     """The fused module's launches: `path` ("w8a8", "w8a16"), or for "auto" the GPU
-    family's (chapter 8's `_choose_mode`; W8A16 where there is no e4m3 type)."""
+    family's (chapter 10's `_choose_mode`; W8A16 where there is no e4m3 type)."""
     if path not in ("auto", "w8a8", "w8a16"):
         raise ValueError(f"path: expected 'auto', 'w8a8' or 'w8a16', got {path!r}")
     return _choose_mode(device, None if path == "auto" else path)[0]
@@ -605,7 +605,7 @@ def run_bench(args: argparse.Namespace) -> int:
     for s in record["skipped"]:
         log(f"skipped: {s['provider']} at M = {s['m']}: {s['reason']}")
     if record["kind"] == "measurement" and record["settings"]["path"] == "w8a8":
-        for t in check_targets(record):   # the W8A16 targets: chapter 9, from the file
+        for t in check_targets(record):   # the W8A16 targets: chapter 11, from the file
             verdict = {True: "met", False: "MISSED", None: "not judged"}[t["met"]]
             worst = "n/a" if t["worst"] is None else f"{t['worst']:.3f}"
             log(f"target: {t['target']}: worst {worst} ({t['rule']}): {verdict}")

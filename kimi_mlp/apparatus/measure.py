@@ -26,16 +26,16 @@ __all__ = ['TRITON_DOT_MIN', 'GRAPH_MAX_M', 'BookMode', 'book_mode', 'gpu_refusa
 # %% ../../book/appendix_c_measuring.ipynb #daca619f
 @dataclass(frozen=True)
 class BookMode:
-    """How chapters 7 to 9 run. `gpu`: their GPU code runs (compiled Triton kernels on a
-    CUDA GPU with FP8 tensor cores, at Kimi K2's widths); otherwise Triton's CPU
-    interpreter at small widths. `device`: where the tensors live. `reason`: which, and
-    why, in one line. `dry_run`: the GPU code run on the CPU, through the interpreter,
-    at the small widths and untimed, so that a machine without a GPU can check that it
-    runs (set KIMI_BOOK_MODE=dry-run; for the code path, never for numbers). `fp8`:
-    whether the FP8 (W8A8) kernels run: always through the interpreter, and on a GPU
-    with an e4m3 type (compute capability 8.9 or more); on a GPU without one the
-    chapters run their W8A16 cells at Kimi K2's widths and print `skipped` in the
-    others (KIMI_BOOK_MODE=dry-run-w8a16 runs that on the CPU)."""
+    """How chapters 7 to 11 and appendix H run. `gpu`: their GPU code runs (compiled
+    Triton kernels on a CUDA GPU with FP8 tensor cores, at Kimi K2's widths); otherwise
+    Triton's CPU interpreter at small widths. `device`: where the tensors live.
+    `reason`: which, and why, in one line. `dry_run`: the GPU code run on the CPU,
+    through the interpreter, at the small widths and untimed, so that a machine without
+    a GPU can check that it runs (set KIMI_BOOK_MODE=dry-run; for the code path, never
+    for numbers). `fp8`: whether the FP8 (W8A8) kernels run: always through the
+    interpreter, and on a GPU with an e4m3 type (compute capability 8.9 or more); on a
+    GPU without one the chapters run their W8A16 cells at Kimi K2's widths and print
+    `skipped` in the others (KIMI_BOOK_MODE=dry-run-w8a16 runs that on the CPU)."""
 
     gpu: bool
     device: torch.device

@@ -5,7 +5,7 @@ from __future__ import annotations
 __all__ = ['plot_floors', 'plot_time', 'plot_bandwidth', 'plot_tflops', 'plot_speedup', 'launch_breakdown', 'plot_launches']
 
 # %% ../../book/appendix_e_harness.ipynb #27878134
-# kimi_mlp.apparatus.plots: chapter 9's figures, drawn from stored records and
+# kimi_mlp.apparatus.plots: chapter 11's figures, drawn from stored records and
 # ceilings only.
 from ..bench import BENCH_M, ffn_flop, ffn_min_bytes, roofline_floor_s, timings
 from ..fused import fused_launch_costs, launch_floor_s

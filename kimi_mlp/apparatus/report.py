@@ -216,7 +216,9 @@ def _cells_run(dst) -> tuple[int, int | None]:
     return ran, next((i for i, c in code if c["execution_count"] is None), None)
 
 # %% ../../book/appendix_c_measuring.ipynb #dcb5f7f6
-REPORT_NOTEBOOKS = ("07_kernels.ipynb", "08_fused_mlp.ipynb", "09_benchmarks.ipynb")
+REPORT_NOTEBOOKS = ("07_triton.ipynb", "08_gemm.ipynb", "09_epilogues.ipynb",
+                    "10_fused_mlp.ipynb", "11_benchmarks.ipynb",
+                    "appendix_h_w8a16.ipynb")
 #: The report's steps, in the order they run; `--steps` picks some of them.
 REPORT_STEPS = ("gpucheck", "notebooks", "bench")
 REPORT_SCHEMA = "kimi-mlp-gpu-report/2"
@@ -238,8 +240,9 @@ def _gpu_report_parser() -> argparse.ArgumentParser:
     p = _Parser(                 # one-line usage errors
         prog="python -m kimi_mlp gpu-report",
         description="Everything that needs a GPU: the GPU check at the real shapes, "
-                    "chapters 7-9 executed on the GPU, the benchmark sweep; every step "
-                    "writes its results under --out as soon as it has them.")
+                    "chapters 7-11 and appendix H executed on the GPU, the "
+                    "benchmark sweep; every step writes its results under --out as "
+                    "soon as it has them.")
     p.add_argument("--out", type=out_dir, required=True,
                    help="directory for everything written (a later run adds to it)")
     p.add_argument("--git-commit", default=None,
@@ -255,7 +258,7 @@ def _gpu_report_parser() -> argparse.ArgumentParser:
     p.add_argument("--notebooks", type=_names(REPORT_NOTEBOOKS),
                    default=REPORT_NOTEBOOKS,
                    help="comma-separated notebook file names in book/ (default "
-                        "chapters 7-9)")
+                        "chapters 7-11 and appendix H)")
     p.add_argument("--cpu-smoke", action="store_true",
                    help="no GPU: the same steps through the interpreter at small "
                         "shapes, with no time limit")

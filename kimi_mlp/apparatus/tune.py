@@ -32,7 +32,7 @@ TUNE_M = {16: 16, 32: 32, 64: 64, 256: 256, None: 4096}
 
 
 def tile_candidates(kind: str, bound, arch: int = 90) -> list[dict]:
-    """The rows `tune` times for one bucket of the GPU family's table (chapter 7's
+    """The rows `tune` times for one bucket of the GPU family's table (chapter 8's
     `family_tiles`): the table's own first, then one step from it (warps 4 <-> 8, one
     pipeline stage more or fewer, on Hopper the activation's TMA flipped, the token tile
     doubled or halved) and, at decode (up to 32 tokens), the split forced to 1, 2, 4, 8
@@ -97,7 +97,7 @@ def _tune_launch(kind: str, x, ws, row: dict, sms: int, arch: int = 90):
 
 
 def _tune_w8a16_launch(kind: str, x, ws, row: dict, sms: int, arch: int):
-    "`_tune_launch` for chapter 7's W8A16 kernels: x bf16 or fp16, weights as bytes."
+    "`_tune_launch` for appendix H's W8A16 kernels: x bf16 or fp16, weights as bytes."
     (m, k), n = x.shape, ws[0][0].shape[0]
     table = {("gate_up" if kind == "gate_up" else "gemm", n, k): ((None, row),)}
     plan = kernels.plan_gemm(kind, m, n, k, sms, row.get("split_k"), tiles=table,
@@ -205,7 +205,7 @@ def tune_main(argv=None) -> int:
     args = p.parse_args(argv)
     if not torch.cuda.is_available() or kernels.INTERPRETED:
         print("error: tune: no CUDA device with compiled kernels. The sweep times tile "
-              "configurations on a GPU; without one the tables of chapter 7 apply.",
+              "configurations on a GPU; without one the tables of chapter 8 apply.",
               file=sys.stderr)
         return EXIT_NO_GPU
     refused = gpu_refusal(torch.device("cuda"), fp8=False)

@@ -17,7 +17,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .. import kernels
 from ..fp8 import ACT_AMAX_EPS, FP8_MAX
 from ..fused import FusedFp8DenseMLP, _ffn_launches
-# chapter 7's grouped tile order: scalar arithmetic, which Gluon compiles as it is
+# chapter 8's grouped tile order: scalar arithmetic, which Gluon compiles as it is
 from .gemm import _tile_ids
 
 #: One K step is one activation group and one weight block column; one weight tile is
@@ -119,7 +119,7 @@ def _issue(a_bufs, w_bufs, bars, step, regs, a_s_row, w_s_row, m_ok,
 def _retire(tok, a_s, w_s, acc, step, a_desc, w_desc, a_bufs, w_bufs, bars, off_m,
             off_n, k_steps, NUM_STAGES: gl.constexpr, PENDING: gl.constexpr):
     """Wait until at most PENDING `wgmma` groups are in flight, so that step `step`'s
-    (`tok`) is done; ask for step + NUM_STAGES in its slot; promote it, chapter 7's
+    (`tok`) is done; ask for step + NUM_STAGES in its slot; promote it, chapter 8's
     `acc += d * a_s * w_s`. Returns (acc, d): d's registers are free for the next
     wgmma of the same parity."""
     d = warpgroup_mma_wait(num_outstanding=PENDING, deps=[tok])
@@ -169,7 +169,7 @@ def _k_loop(a_desc, w_desc, a_bufs, w_bufs, bars, a_s_row, w_s_row, m_ok, off_m,
 @gluon.jit
 def _gluon_tile(a_desc, w_desc, M, N, K, GROUP_M: gl.constexpr,
                 layout: gl.constexpr):
-    """Chapter 7's `_program_tile` without split-K: the program's weight tile
+    """Chapter 8's `_program_tile` without split-K: the program's weight tile
     pid_n, its first token and weight row, the K steps, and its token rows (in the
     accumulator's row layout) with their mask."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
@@ -185,7 +185,7 @@ def _gluon_tile(a_desc, w_desc, M, N, K, GROUP_M: gl.constexpr,
 def _gluon_fp8_gemm_kernel(a_desc, a_s_ptr, w_desc, w_s_ptr, c_ptr, r_ptr, M, N, K,
                            HAS_RESIDUAL: gl.constexpr, GROUP_M: gl.constexpr,
                            NUM_STAGES: gl.constexpr):
-    """Chapter 7's `_fp8_gemm_kernel` without split-K: C[M, N] = bf16(A @ W^T) with
+    """Chapter 8's `_fp8_gemm_kernel` without split-K: C[M, N] = bf16(A @ W^T) with
     DeepSeek's scales, promoted every 128 (+ r, rounded again, with HAS_RESIDUAL). One
     BLOCK_M x 128 tile per program; a_desc, w_desc: TMA descriptors of [BM, 128] and
     [128, 128] blocks (rows past M read as zeros and are not stored)."""
@@ -317,7 +317,7 @@ def _max_keep_nan(a, b):
 @gluon.jit
 def _swiglu_quant_store(g, u, q_ptr, q_s_ptr, rows, cols, m_ok, n_ok, F, group,
                         fp8_max, amax_eps):
-    """Chapter 7's `_swiglu_quant_store` on a GPU with e4m3 (its NATIVE branch): p =
+    """Chapter 9's `_swiglu_quant_store` on a GPU with e4m3 (its NATIVE branch): p =
     silu(g) * u, one 1 x 128 group per row, IEEE divisions, NaN kept -> e4m3 codes q
     [M, F] (uint8) and scales q_s [M, ceil(F/128)]."""
     mask = m_ok[:, None] & n_ok[None, :]
@@ -338,7 +338,7 @@ def _swiglu_quant_store(g, u, q_ptr, q_s_ptr, rows, cols, m_ok, n_ok, F, group,
 def _gluon_gate_up_kernel(a_desc, a_s_ptr, g_desc, g_s_ptr, u_desc, u_s_ptr, q_ptr,
                           q_s_ptr, M, F, K, fp8_max, amax_eps, GROUP_M: gl.constexpr,
                           NUM_STAGES: gl.constexpr):
-    """Chapter 7's gated kernel without split-K: p = silu(a @ gate^T) * (a @ up^T)
+    """Chapter 9's gated kernel without split-K: p = silu(a @ gate^T) * (a @ up^T)
     quantized 1 x 128 into q (e4m3 codes as uint8) and q_s; gate, up: [F, K]."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BN: gl.constexpr = g_desc.block_type.shape[0]
@@ -367,7 +367,7 @@ def _desc(t: torch.Tensor, block: list) -> TensorDescriptor:
 
 def _check_gluon_operands(a_name, a, s_name, a_s, w_name, w, ws_name, w_s,
                           warmup: bool) -> tuple:
-    """Chapter 7's operand checks, then what TMA needs (K a multiple of 16, rows
+    """Chapter 8's operand checks, then what TMA needs (K a multiple of 16, rows
     16-byte aligned, contiguous) and, unless `warmup`, a Hopper GPU. Returns (M, N,
     K)."""
     m, n, k = kernels._check_fp8_operands(a_name, a, s_name, a_s, w_name, w, ws_name,
@@ -407,7 +407,7 @@ def gluon_fp8_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, w_fp8: torch.Tens
                    w_scale: torch.Tensor, residual: torch.Tensor | None = None, *,
                    out: torch.Tensor | None = None, block_m: int = 128,
                    num_stages: int = 4, warmup: bool = False):
-    """`fp8_gemm`'s product into bf16 (plus `residual`, rounded twice as chapter 7's
+    """`fp8_gemm`'s product into bf16 (plus `residual`, rounded twice as chapter 9's
     down GEMM does) with one `wgmma` in flight; a, w, scales as `fp8_gemm`. block_m:
     128 (two warp groups) or 64 (one). warmup: compile only; returns the kernel."""
     m, n, k = _check_gluon_operands("a_fp8", a_fp8, "a_scale", a_scale, "w_fp8", w_fp8,
@@ -467,15 +467,15 @@ def gluon_gate_up_swiglu_quant(x_fp8, x_scale, gate_w, gate_scale, up_w, up_scal
     return out, scale_out
 
 # %% ../../book/appendix_f_gluon.ipynb #79886bed
-#: From this many tokens on, `GluonFp8DenseMLP` runs Gluon GEMMs (chapter 7's prefill
-#: rows, M > 256); below, chapter 7's split-K launches, which these kernels lack.
+#: From this many tokens on, `GluonFp8DenseMLP` runs Gluon GEMMs (chapter 8's prefill
+#: rows, M > 256); below, chapter 8's split-K launches, which these kernels lack.
 GLUON_MIN_M = 257
 
 
 def gluon_launches(rows, t, weights, plans, scratch, gate_up: bool = False):
-    """Chapter 8's launches with the down GEMM in Gluon at GLUON_MIN_M tokens or more
+    """Chapter 10's launches with the down GEMM in Gluon at GLUON_MIN_M tokens or more
     (and the gated kernel too, with `gate_up`): rmsnorm_quant, the gated kernel, the
-    down GEMM with the residual. Fewer tokens: chapter 8's `_ffn_launches`."""
+    down GEMM with the residual. Fewer tokens: chapter 10's `_ffn_launches`."""
     if rows.shape[0] < GLUON_MIN_M:
         return _ffn_launches(rows, t, weights, plans, scratch)
     x, x_codes, x_scale, p, p_codes, p_scale = scratch[:6]
@@ -493,7 +493,7 @@ def gluon_launches(rows, t, weights, plans, scratch, gate_up: bool = False):
 class GluonFp8DenseMLP(FusedFp8DenseMLP):
     """`FusedFp8DenseMLP` with the down GEMM in Gluon from GLUON_MIN_M tokens on, and
     the gated kernel too with `gate_up=True` (appendix D's model expects it to lose to
-    chapter 7's 128-row tiles; a GPU run decides). Opt-in, Hopper only: appendix C's GPU
+    chapter 8's 128-row tiles; a GPU run decides). Opt-in, Hopper only: appendix C's GPU
     check (`--path gluon`) compares it with the Triton launches before any default may
     use it."""
 
