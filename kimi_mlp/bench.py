@@ -125,7 +125,7 @@ def torch_bf16_launch_costs(
         {"launch": "residual add", "read": 4 * m * d, "written": 2 * m * d, "flop": 0},
     ]
 
-
+# %% ../book/11_benchmarks.ipynb #3cd63fs2
 def predicted_record(ceilings: dict, ms=BENCH_M, hidden_size: int = HIDDEN,
                      intermediate_size: int = INTERMEDIATE) -> dict:
     """A record of kind "prediction" that `timings` and `check_targets` read: each
@@ -247,7 +247,7 @@ def fused_path(record: dict) -> str | None:
     except RuntimeError:                 # below 7.5: no family, so not judged
         return None
 
-
+# %% ../book/11_benchmarks.ipynb #16dac0s2
 def find_gpu(gpus: list[dict], device_name: str | None) -> dict | None:
     "The entry whose `device_names` holds `device_name` (as torch reports it), or None."
     name = (device_name or "").strip().lower()
@@ -269,7 +269,7 @@ def _w8a16_times(record: dict | None) -> dict[str, dict[int, float]]:
     tm = {name: dict(zip(ms, ts)) for name, (ms, ts) in timings(record).items()}
     return {key: tm.get(name, {}) for key, name in W8A16_PROVIDERS.items()}
 
-
+# %% ../book/11_benchmarks.ipynb #096c3as2
 def w8a16_targets(record: dict | None, gpus: list[dict]) -> list[dict]:
     """Targets 6-8 judged on a stored benchmark record: [{target, rule, worst,
     verdict}], verdict "met", "missed" or NO_MEASUREMENT (no record of the W8A16 path,

@@ -338,16 +338,12 @@ def load_dense_block(checkpoint_dir, layer: int = 0, config: KimiK2Config | None
                      device="cpu", mode: str = "w8a16",
                      keep_nan_codes: bool = False) -> ResidualBlock:
     """Load the FFN half of dense block `layer` from a Kimi K2 (DeepSeek-V3 format) FP8
-    checkpoint.
-
-    checkpoint_dir: holds config.json and model.safetensors.index.json (or one
-    model.safetensors); its index file is accepted too. Returns `ResidualBlock(RMSNorm,
-    Fp8DenseMLP)`: h [..., hidden] bf16 -> [..., hidden] bf16, on `device`, with
-    `block.config` set. Reads only the seven tensors it needs; never unpickles; never
-    writes to `checkpoint_dir`. Raises CheckpointError naming the file and tensor for a
-    checkpoint that is incomplete, inconsistent, corrupt or unsafe, a weight code that
-    is e4m3's NaN among them unless `keep_nan_codes`.
-    """
+    checkpoint: checkpoint_dir holds config.json and model.safetensors.index.json (or
+    one model.safetensors; the index file is accepted too). Returns `ResidualBlock(
+    RMSNorm, Fp8DenseMLP)` on `device`, h [..., hidden] bf16 -> bf16, `block.config`
+    set. Reads only the seven tensors it needs; never unpickles, never writes. Raises
+    CheckpointError naming file and tensor for an incomplete, inconsistent, corrupt or
+    unsafe checkpoint, e4m3 NaN weight codes among them unless `keep_nan_codes`."""
     root, _ = checkpoint_root(checkpoint_dir)
     if config is None:
         config = KimiK2Config.from_json(root / "config.json")

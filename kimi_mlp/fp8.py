@@ -83,19 +83,13 @@ SCALE_MIN = torch.finfo(torch.float32).tiny        # 2^-126: the smallest normal
 def quantize_weight_blockwise(w: torch.Tensor, block_size=(128, 128)):
     """Quantize a weight to e4m3 with one float32 scale per `block_size` block.
 
-    w: [N, K] floating (bf16 in Kimi K2). Returns `(w_fp8, weight_scale_inv)`: w_fp8
-    [N, K] float8_e4m3fn and weight_scale_inv [ceil(N/bn), ceil(K/bk)] float32, the
-    *dequantization multiplier*:
-    `w ~= float(w_fp8) * weight_scale_inv[i // bn, j // bk]`.
-
-    Per block, `weight_scale_inv = amax(|block|) / 448` in float32 (edge blocks are
-    partial: the amax runs over the real elements only) and
-    `w_fp8 = (w / weight_scale_inv).clamp(-448, 448)` cast to e4m3, round to nearest
-    even. An all-zero block gets scale 1.0 and zero codes; a scale below float32's
-    smallest normal number is clamped up to SCALE_MIN, and the codes computed with it.
-    Works one row of blocks at a time: the float32 temporaries are `bn x K`, never
-    `N x K`.
-    """
+    w: [N, K] floating (bf16 in Kimi K2). Returns `(w_fp8, weight_scale_inv)`: [N, K]
+    float8_e4m3fn and [ceil(N/bn), ceil(K/bk)] float32, the *dequantization multiplier*:
+    `w ~= float(w_fp8) * weight_scale_inv[i // bn, j // bk]`. Per block, the scale is
+    amax(|block|) / 448 in float32 (over an edge block's real elements) and the codes
+    `(w / scale).clamp(-448, 448)` rounded to nearest even; an all-zero block gets scale
+    1.0 and zero codes, a scale below float32's smallest normal is clamped to SCALE_MIN.
+    One row of blocks at a time: the float32 temporaries are `bn x K`, never `N x K`."""
     _check_floating("w", w, rank=2)
     bn, bk = _check_block_size(block_size)
     n, k = w.shape
@@ -311,10 +305,8 @@ class _KeepsCodes:
 
 # %% ../book/05_fp8.ipynb #85bd40bb
 class Fp8Linear(_Fp8LinearFrom, _KeepsCodes, nn.Module):
-    """A bias-free Linear holding its weight as the checkpoint does: buffers `weight`
-    [out, in] float8_e4m3fn and `weight_scale_inv` [ceil(out/bn), ceil(in/bk)] float32.
-    `mode` picks the forward: "w8a16" (dequantize, matmul in the activation dtype) or
-    "w8a8" (activations quantized per 1 x 128 group, float32 accumulation)."""
+    """A bias-free Linear with the checkpoint's buffers: `weight` [out, in] e4m3 and
+    `weight_scale_inv` [ceil(out/bn), ceil(in/bk)] float32; mode "w8a16" or "w8a8"."""
 
     def __init__(self, in_features: int, out_features: int, block_size=(128, 128),
                  mode: str = "w8a16"):
@@ -326,9 +318,8 @@ class Fp8Linear(_Fp8LinearFrom, _KeepsCodes, nn.Module):
         self.mode = _check_mode(mode)
         self.register_buffer("weight", torch.zeros(out_features, in_features,
                                                    dtype=FP8_DTYPE))
-        self.register_buffer("weight_scale_inv", torch.ones(
-            math.ceil(out_features / bn), math.ceil(in_features / bk),
-            dtype=torch.float32))
+        scales = math.ceil(out_features / bn), math.ceil(in_features / bk)
+        self.register_buffer("weight_scale_inv", torch.ones(scales).float())
 
     def dequantized_weight(self, dtype=torch.bfloat16) -> torch.Tensor:
         "The weight as `dtype`: [out_features, in_features]."
@@ -337,9 +328,7 @@ class Fp8Linear(_Fp8LinearFrom, _KeepsCodes, nn.Module):
 
     def forward(self, x: torch.Tensor, mode: str | None = None,
                 out_dtype=None) -> torch.Tensor:
-        """x: [..., in_features] -> [..., out_features]. `mode` overrides `self.mode`
-        for this call; `out_dtype` (w8a8 only; default x.dtype) can keep the float32
-        accumulator."""
+        "x [..., in] -> [..., out]; `mode` overrides self.mode; `out_dtype`: w8a8's."
         mode = _check_mode(self.mode if mode is None else mode)
         w, s, bs = self.weight, self.weight_scale_inv, self.block_size
         if mode == "w8a16":

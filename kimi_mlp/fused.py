@@ -186,7 +186,7 @@ def _scratch(m: int, d: int, f: int, plans, device) -> tuple:
     return (x, x.view(torch.uint8), empty(m, cols(d)), p, p.view(torch.uint8),
             empty(m, cols(f)), *split_k(gu, 2, m, f), *split_k(dn, m, d))
 
-
+# %% ../book/10_fused_mlp.ipynb #5d0b3cs2
 def _ffn_launches(rows, t: FfnTensors, weights, plans, scratch):
     """The launches of the FFN half on contiguous [M, d] bf16 rows, no checks: t the
     block's tensors, weights (gate, up, down) as the kernels read them
@@ -473,7 +473,7 @@ def _eps(norm: nn.Module):
             return attrs[name]
     return getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
 
-
+# %% ../book/10_fused_mlp.ipynb #22db59s2
 _PROJ = ("gate_proj", "up_proj", "down_proj")
 
 
@@ -510,9 +510,8 @@ def _gain_cast(norm: nn.Module | None, follow=GAIN_DTYPES):
 # %% ../book/10_fused_mlp.ipynb #c61f2a9d
 class _CheckedOnce(_KeptScratch, nn.Module):
     """What `FusedFp8DenseMLP` keeps between calls: the block's submodules (shared), its
-    tensors checked (`_t`), the launches and the weights as they read them (`_weights`),
-    the plans and scratch per M (`_KeptScratch`, within `cache_entries` and
-    `cache_bytes`), CUDA graphs (`_graphs`) and the block's `_fingerprint` (`_seen`)."""
+    tensors checked (`_t`), the launches and the weights they read (`_weights`), plans
+    and scratch per M (`_KeptScratch`), CUDA graphs and the `_fingerprint` (`_seen`)."""
 
     def __init__(self, block: nn.Module, mode: str | None = None, act_dtype=None, *,
                  cache_entries: int | None = None, cache_bytes: int | None = None):
@@ -544,16 +543,12 @@ class _CheckedOnce(_KeptScratch, nn.Module):
         self._bind()
         return self
 
-
 # %% ../book/10_fused_mlp.ipynb #6e2f9b48
 class FusedFp8DenseMLP(_CheckedOnce):
-    """The FFN half of Kimi K2's dense block in fused Triton launches, the module form
-    of `fused_ffn_block`, from a `ResidualBlock(RMSNorm, Fp8DenseMLP)` as
-    `load_dense_block` returns it, sharing its submodules (no copies: the state_dict
-    keys are the checkpoint's). Checks the block once, and again when it changed;
-    forward(h: [B, T, d] or [M, d] bf16). `mode`, `act_dtype`: the FP8 launches
-    ("w8a8") or the W8A16 ones ("w8a16", activations bf16 or fp16); None picks by
-    GPU family (`_choose_mode`)."""
+    """The FFN half of Kimi K2's dense block in fused Triton launches: `fused_ffn_block`
+    as a module, sharing the submodules of the block `load_dense_block` returns (same
+    state_dict keys). Checks the block once, and again when it changed. `mode`,
+    `act_dtype`: "w8a8" or "w8a16" (bf16 or fp16 activations); None: by GPU family."""
 
     @classmethod
     def from_checkpoint(cls, checkpoint_dir, layer: int = 0, device="cpu", **modes):
@@ -571,8 +566,7 @@ class FusedFp8DenseMLP(_CheckedOnce):
             return h.clone()
         if m in self._graphs:
             return _replay(self._graphs[m], rows).view(h.shape)
-        out = self._launch(m, rows.contiguous())     # kept intermediates, or new ones
-        return out if h.dim() == 2 else out.view(h.shape)
+        return self._launch(m, rows.contiguous()).view(h.shape)   # [M, d] or [B, T, d]
 
     def capture_graphs(self, ms=(1, 2, 4, 8, 16, 32, 64)) -> "FusedFp8DenseMLP":
         "A CUDA graph per token count in `ms`; forward replays them (see `_capture`)."

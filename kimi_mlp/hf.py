@@ -78,11 +78,7 @@ def _not_saved_in_a_model(module: nn.Module, prefix: str, keep_vars) -> None:
 
 # %% ../book/13_hf.ipynb #ad9265b9
 class FusedMLP(nn.Module):
-    """A drop-in for `DeepseekV3MLP` from FP8 codes and scales: x [..., d] bf16 ->
-    `down(silu(gate(x)) * up(x))` bf16; with `norm`, `mlp(norm(x))`, norm in launch 1.
-    impl "fused": chapters 7 to 9's and appendix H's kernels by GPU family (`path`: mode
-    "w8a8" or "w8a16"); "w8a8", "w8a16": chapter 5's `Fp8DenseMLP` in that mode. In a
-    model cast to fp16 or fp32 it computes on x in bf16, answers in x's dtype."""
+    """`DeepseekV3MLP` from FP8 codes (+ `norm`); impl "fused", or chapter 5's modes."""
 
     def __init__(self, mlp: Fp8DenseMLP, norm: RMSNorm | None = None,
                  impl: str = "fused"):
@@ -92,15 +88,14 @@ class FusedMLP(nn.Module):
         self.gate_proj, self.up_proj, self.down_proj = (mlp.gate_proj, mlp.up_proj,
                                                         mlp.down_proj)
         self.norm, self.impl, self._mlp = norm, impl, (mlp,)  # a tuple: no submodule
-        self.hidden_size = mlp.hidden_size
-        self.intermediate_size = mlp.intermediate_size
+        self.hidden_size, self.intermediate_size = (mlp.hidden_size,
+                                                    mlp.intermediate_size)
         self.register_state_dict_pre_hook(_not_saved_in_a_model)
 
     @property
-    def path(self) -> str | None:
-        "The launches on the weights' device now, 'w8a8' or 'w8a16'; None for torch."
-        return _choose_mode(self.gate_proj.weight.device)[0] if self.impl == "fused" \
-            else None
+    def path(self) -> str | None:       # the launches now: 'w8a8', 'w8a16'; None: torch
+        fused = self.impl == "fused"
+        return _choose_mode(self.gate_proj.weight.device)[0] if fused else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if isinstance(x, torch.Tensor) and x.is_floating_point() \
@@ -131,7 +126,7 @@ def shared_expert_tensors(config: KimiK2Config, layer: int) -> dict:
         specs[f"{p}{proj}.weight_scale_inv"] = (torch.float32, scale_shape(shape, bs))
     return specs
 
-
+# %% ../book/13_hf.ipynb #9c7595s2
 def load_shared_expert(checkpoint_dir, layer: int, config: KimiK2Config | None = None,
                        device="cpu") -> Fp8DenseMLP:
     """MoE layer `layer`'s shared expert, as chapter 6 loads a dense block: the six
@@ -329,7 +324,7 @@ def _dense_swap(name, layer, i, root, config, impl, device) -> Swap:
                 ("post_attention_layernorm", "mlp"),
                 (layer.post_attention_layernorm, layer.mlp), new)
 
-
+# %% ../book/13_hf.ipynb #d6a433s2
 def _shared_swap(name, layer, i, root, config, impl, device) -> Swap:
     "MoE layer i's mlp.shared_experts -> a FusedMLP (no norm: it quantizes x itself)."
     moe = getattr(layer, "mlp", None)
@@ -352,19 +347,16 @@ def _shared_swap(name, layer, i, root, config, impl, device) -> Swap:
 # %% ../book/13_hf.ipynb #5aadb6ef
 def fuse_ffn(model: nn.Module, checkpoint_dir, layers: str = "dense",
              impl: str = "fused", device=None) -> FuseReport:
-    """Run the FFN of a DeepseekV3-style model (Hugging Face's `DeepseekV3ForCausalLM`,
-    or Kimi K2's own `modeling_deepseek.py`, which has the same names) from the FP8
-    codes and scales of `checkpoint_dir`, read with chapter 6's loader and never
-    dequantized.
-
-    layers "dense": each dense layer's `post_attention_layernorm` becomes an Identity
-    and its `mlp` a `FusedMLP` holding the norm, so that the layer's own
-    `residual + mlp(post_attention_layernorm(h))` runs the norm fused into the first
-    launch; "dense+shared": also every MoE layer's `mlp.shared_experts`. impl: see
-    `FusedMLP`. device: where the new modules live (default: the replaced module's, the
-    CPU for one on the meta device). Every module is checked and loaded before the
-    first is replaced: an error leaves the model as it was. Returns a `FuseReport`;
-    its `restore()` puts the originals back."""
+    """Run the FFN of a DeepseekV3-style model (Hugging Face's, or Kimi K2's own, with
+    the same names) from the FP8 codes and scales of `checkpoint_dir`, read with chapter
+    6's loader, never dequantized. layers "dense": each dense layer's
+    `post_attention_layernorm` becomes an Identity and its `mlp` a `FusedMLP` holding
+    the norm, so the layer's own `residual + mlp(norm(h))` runs the norm fused into the
+    first launch; "dense+shared": also every MoE layer's `mlp.shared_experts`. impl:
+    see `FusedMLP`. device: where the new modules live (default: the replaced module's;
+    the CPU for one on the meta device). Every module is checked and loaded before the
+    first is replaced: an error leaves the model as it was. Returns a `FuseReport`; its
+    `restore()` puts the originals back."""
     root, _ = checkpoint_root(checkpoint_dir)
     config = KimiK2Config.from_json(root / "config.json")
     prefix, blocks = _check_model(model, config, layers, impl)
@@ -397,7 +389,7 @@ def fp8_config(model_config) -> KimiK2Config:
         "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
         "weight_block_size": [128, 128]}})
 
-
+# %% ../book/13_hf.ipynb #70ecdfs2
 def _ffn_weights(layers, config: KimiK2Config) -> dict:
     """Name -> tensor of every FFN weight `save_fp8_ffn` writes (each dense layer's
     norm gain and MLP, each MoE layer's shared expert), each holding data."""

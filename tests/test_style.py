@@ -32,7 +32,7 @@ def test_code_lines_fit_the_column(path):
 HIDDEN = {"hide-input", "hide-cell", "remove-input", "remove-cell"}
 #: The longest code cell a reader sees: a teaching chapter shows what is studied in
 #: pieces that fit a screen; an appendix may show a little more of a harness.
-SHOWN_LINES = {"chapter": 40, "appendix": 60}
+SHOWN_LINES = {"chapter": 35, "appendix": 60}
 
 
 def _shown_limit(path: Path) -> int | None:

@@ -79,21 +79,18 @@ def _split_tail(acc_g, acc_u, ws_ptr, cnt_ptr, q_ptr, q_s_ptr, p_ptr, rm, rn, m_
 
 # %% ../../book/09_epilogues.ipynb #7b0f55c3
 @triton.jit
-def _gate_up_swiglu_quant_kernel(x_ptr, x_s_ptr, g_ptr, g_s_ptr, u_ptr, u_s_ptr, q_ptr,
-                                 q_s_ptr, ws_ptr, cnt_ptr, p_ptr, M, F, K, stride_x,
-                                 splits, fp8_max, amax_eps, BLOCK_M: tl.constexpr,
-                                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                                 GROUP_M: tl.constexpr, SWAP: tl.constexpr,
-                                 TMA_A: tl.constexpr, TMA_W: tl.constexpr,
-                                 SPLIT: tl.constexpr, FOLD: tl.constexpr,
-                                 WRITE_P: tl.constexpr, EXACT_DOT: tl.constexpr,
-                                 NATIVE: tl.constexpr):
-    """p = silu(x @ gate^T) * (x @ up^T) quantized 1 x 128, a BLOCK_M x 128 tile (whole
-    groups) per program, grid and operands as `_fp8_gemm_kernel` (gate, up: [F, K]);
-    q: [M, F] uint8 (e4m3 bits), q_s: [M, ceil(F/128)] fp32, p (WRITE_P): [M, F] fp32.
-    SPLIT: store the fp32 sums of g and u in ws [splits, 2, M, F]; with FOLD the
-    tile's last slice (counters cnt) runs the epilogue on their sums, else
-    `_swiglu_quant_reduce_kernel` does."""
+def _gate_up_swiglu_quant_kernel(
+        x_ptr, x_s_ptr, g_ptr, g_s_ptr, u_ptr, u_s_ptr, q_ptr, q_s_ptr, ws_ptr, cnt_ptr,
+        p_ptr, M, F, K, stride_x, splits, fp8_max, amax_eps, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+        SWAP: tl.constexpr, TMA_A: tl.constexpr, TMA_W: tl.constexpr,
+        SPLIT: tl.constexpr, FOLD: tl.constexpr, WRITE_P: tl.constexpr,
+        EXACT_DOT: tl.constexpr, NATIVE: tl.constexpr):
+    """p = silu(x @ gate^T) * (x @ up^T) quantized 1 x 128, a BLOCK_M x 128 tile per
+    program, grid and operands as `_fp8_gemm_kernel` (gate, up: [F, K]); q: [M, F] uint8
+    (e4m3 bits), q_s: [M, ceil(F/128)] fp32, p (WRITE_P): [M, F] fp32. SPLIT: g and u go
+    to ws [splits, 2, M, F]; with FOLD the tile's last slice runs the epilogue on them.
+    """
     pid_n, off_m, off_n, rm, rn, m_ok, n_ok, k_steps, lo, hi = _program_tile(
         M, F, K, splits, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     acc_g = _zero_acc(BLOCK_M, BLOCK_N, SWAP)

@@ -172,23 +172,20 @@ def _acc_offsets(rm, rn, m_ok, n_ok, N, SWAP: tl.constexpr):
 
 # %% ../../book/08_gemm.ipynb #d9ce4c7b
 @triton.jit
-def _fp8_gemm_kernel(a_ptr, a_s_ptr, w_ptr, w_s_ptr, c_ptr, r_ptr, ws_ptr, cnt_ptr, M,
-                     N, K, stride_a, splits, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     GROUP_M: tl.constexpr, SWAP: tl.constexpr,
-                     TMA_A: tl.constexpr, TMA_W: tl.constexpr, SPLIT: tl.constexpr,
-                     FOLD: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                     ROUND_BF16: tl.constexpr, EXACT_DOT: tl.constexpr,
-                     NATIVE: tl.constexpr):
+def _fp8_gemm_kernel(
+        a_ptr, a_s_ptr, w_ptr, w_s_ptr, c_ptr, r_ptr, ws_ptr, cnt_ptr, M, N, K,
+        stride_a, splits, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+        BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SWAP: tl.constexpr,
+        TMA_A: tl.constexpr, TMA_W: tl.constexpr, SPLIT: tl.constexpr,
+        FOLD: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND_BF16: tl.constexpr,
+        EXACT_DOT: tl.constexpr, NATIVE: tl.constexpr):
     """C[M, N] = A @ W^T with DeepSeek's block scales: one BLOCK_M x BLOCK_N tile of C
     per program, its K steps cut into `splits` balanced slices (grid: tiles, splits).
-
     a: [M, K] e4m3 (row stride stride_a), a_s: [M, ceil(K/128)] fp32; w: [N, K] e4m3,
     w_s: [ceil(N/128), ceil(K/128)] fp32 (a, w: TMA descriptors when TMA_A, TMA_W).
-    SWAP: the accumulator is [BLOCK_N, BLOCK_M]. The epilogue: c = the sum in c's
-    dtype (+ the residual r, rounded). SPLIT: store the fp32 partial in ws[s] of a
-    [splits, M, N] workspace; with FOLD the tile's last slice to arrive (counters cnt:
-    [tiles] int32) sums them and runs the epilogue, else `_split_k_reduce_kernel`."""
+    SWAP: the accumulator is [BLOCK_N, BLOCK_M]. Epilogue: c = the sum in c's dtype (+
+    the residual r, rounded). SPLIT: fp32 partials to ws [splits, M, N]; with FOLD the
+    tile's last slice (counters cnt) sums them and runs the epilogue."""
     _, off_m, off_n, rm, rn, m_ok, n_ok, k_steps, lo, hi = _program_tile(
         M, N, K, splits, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     acc = _zero_acc(BLOCK_M, BLOCK_N, SWAP)

@@ -195,15 +195,13 @@ def plan_gemm(kind: str, m: int, n: int, k: int, num_sms: int,
               split_k: int | None = None, budget: float | None = None,
               tiles: dict | None = None, arch: int = 90) -> dict:
     """The launch plan of one block-scaled FP8 GEMM C[m, n] = A[m, k] @ W[n, k]^T.
-
-    kind: "gemm" (also "down") or "gate_up" (two weights, SwiGLU); num_sms: the GPU's SM
-    count; `split_k` forces the slices (at most one per K step); `budget` caps the
-    partials' share of the weight bytes (None: the cost alone decides); `tiles`: a
-    measured table (see `_tile_row`); `arch`: the GPU family, 90 (Hopper, the
-    default) or 89 (Ada). Returns m's tile row plus: arch, tiles, split_k, steps (of the
-    longest slice), programs, waves (programs / num_sms), wave_eff (the useful share of
-    the SM-steps the waves last), per_sm (programs an SM holds by shared memory and
-    registers), smem (estimated bytes), weight_bytes, partial_bytes, partial_share."""
+    kind: "gemm" (also "down") or "gate_up" (two weights, SwiGLU); num_sms: the GPU's
+    SM count; `split_k` forces the slices (at most one per K step); `budget` caps the
+    partials' share of the weight bytes (None: the cost decides); `tiles`: a measured
+    table (`_tile_row`); `arch`: the family, 90 (Hopper, default) or 89 (Ada). Returns
+    m's tile row plus arch, tiles, split_k, steps (of the longest slice), programs,
+    waves, wave_eff (the useful share of the waves' SM-steps), per_sm (programs an SM
+    holds), smem (bytes, estimated), weight_bytes, partial_bytes, partial_share."""
     _check_plan_args(kind, m, n, k, num_sms, split_k, arch)
     row = _tile_row(kind, m, n, k, tiles, arch)
     outputs = 2 if kind == "gate_up" else 1              # weights read, results summed
@@ -220,14 +218,13 @@ def plan_gemm(kind: str, m: int, n: int, k: int, num_sms: int,
                    split * outputs * m * n)
     steps, programs = math.ceil(k_steps / split), n_tiles * split
     smem, per_sm = _occupancy(row, outputs, arch)
+    waves, part = programs / num_sms, partial(split)
     return dict(row, kind=kind, arch=arch, m=m, n=n, k=k, num_sms=num_sms,
-                tiles=n_tiles,
-                split_k=split, steps=steps, programs=programs, waves=programs / num_sms,
-                wave_eff=n_tiles * k_steps / (math.ceil(programs / num_sms) * num_sms
-                                              * steps),
-                per_sm=per_sm, smem=smem, weight_bytes=weight_bytes,
-                partial_bytes=partial(split),
-                partial_share=partial(split) / weight_bytes)
+                tiles=n_tiles, split_k=split, steps=steps, programs=programs,
+                waves=waves,
+                wave_eff=n_tiles * k_steps / (math.ceil(waves) * num_sms * steps),
+                per_sm=per_sm, smem=smem, weight_bytes=weight_bytes, partial_bytes=part,
+                partial_share=part / weight_bytes)
 
 # %% ../../book/08_gemm.ipynb #bc6d3805
 @functools.lru_cache(maxsize=None)
