@@ -6,6 +6,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -197,6 +198,13 @@ def test_the_workflow_writes_the_launch_block_then_pins_the_cells_then_builds():
 
 # -- the book, built for a test repository -------------------------------------------------
 
+#: The pictures drawn from the code's numbers, by the sentence that introduces each.
+FIGURES = {"01_config.ipynb": "Where those three matrices sit in the model",
+           "08_gemm.ipynb": "The figure follows one output element through the loop",
+           "13_hf.ipynb": "The two sizes side by side",
+           "appendix_f_gluon.ipynb": "drawn for the down GEMM"}
+
+
 def test_the_built_book_links_each_notebook_to_colab(tmp_path):
     """What the publishing workflow does, on a copy of the book: the committed cells name
     the repository and branch (as a maintainer's `colab_cell.py --ref main` leaves them), the
@@ -233,3 +241,10 @@ def test_the_built_book_links_each_notebook_to_colab(tmp_path):
         assert "REPOSITORY" not in page, f"{nb.name}: the install cell shows on the page"
         download = json.loads((html / "_sources" / "book" / nb.name).read_text())
         assert colab_cell.read_target(download["cells"][0]) == (URL, COMMIT), nb.name
+    # The pictures drawn from the code's numbers render: each page shows an image right
+    # after the sentence that introduces it, and the image file is in the build.
+    for name, lead in FIGURES.items():
+        page = (html / "book" / name).with_suffix(".html").read_text(encoding="utf-8")
+        assert lead in page, f"{name}: no {lead!r}"
+        img = re.search(r'<img [^>]*src="([^"]+)"', page[page.index(lead):][:4000])
+        assert img and (html / "book" / img.group(1)).is_file(), f"{name}: no picture"
