@@ -20,7 +20,7 @@ def rng():
 #: the kernels for GPU targets (ptxas), execute notebooks or build the book, run the static
 #: checker over the package, start fresh Pythons that run the kernels or the command
 #: line end to end, or run the benchmark's and the GPU check's sweeps end to end. Each entry is a test file's name, or file::test (every
-#: parametrization); `make test` runs them all. A new test of these kinds is marked
+#: parametrization); `make test` runs them all. A new test of these sorts is marked
 #: `@pytest.mark.slow` where it is written.
 SLOW = (
     # compile for GPU targets

@@ -76,7 +76,7 @@ def _tiles_file() -> dict:
 
 #: Each kind: (a valid record, its schema, the runtime check that takes a record, or
 #: None where the loader reads a file: tiles and ceilings have tests of their own).
-def _kinds():
+def _record_types():
     model = json.loads((DATA / "h200_model.json").read_text())
     return {
         "bench": (_bench_record(), records.BENCH_RECORD_JSON_SCHEMA,
@@ -94,7 +94,7 @@ def _kinds():
 def test_a_valid_record_passes_and_a_broken_one_fails(kind):
     """The record passes; without a required key, or with a required key of the wrong
     type, it fails the schema (and the runtime check, where there is one)."""
-    good, schema, check = _kinds()[kind]
+    good, schema, check = _record_types()[kind]
     validator = jsonschema.Draft202012Validator(schema)
     validator.validate(good)
     if check is not None:
