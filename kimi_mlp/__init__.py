@@ -1,40 +1,47 @@
 """kimi-mlp: Kimi K2's dense feed-forward block, from scratch.
 
-The modules are exported from the book's notebooks (book/*.ipynb) with nbdev; this file, written
-by hand, gathers the public API. Modules that need Triton (kernels, fused, parallel, hf) are not imported here:
-`import kimi_mlp` needs only torch, safetensors and numpy.
+The modules are exported from the book's notebooks (book/*.ipynb) with nbdev;
+this file, written by hand, gathers the public API. Modules that need Triton
+(kernels, fused, parallel, hf) are not imported here: `import kimi_mlp` needs
+only torch, safetensors and numpy.
 """
 from .safetensors_io import CheckpointError, read_safetensors_header
 from .config import KimiK2Config, count_parameters, dense_mlp_parameters
 from .rmsnorm import RMSNorm, rms_norm
 from .block import GeluMLP, ResidualBlock
 from .swiglu import DenseMLP, silu, swiglu
-from .fp8 import (ACT_AMAX_EPS, FP8_MAX, Fp8DenseMLP, Fp8Linear, dequantize_weight_blockwise,
-                  fp8_linear_w8a8, fp8_linear_w8a16, fp8_matmul_blockwise, quantize_activation,
+from .fp8 import (ACT_AMAX_EPS, FP8_MAX, Fp8DenseMLP, Fp8Linear,
+                  dequantize_weight_blockwise, fp8_linear_w8a8,
+                  fp8_linear_w8a16, fp8_matmul_blockwise, quantize_activation,
                   quantize_weight_blockwise)
 
 from .checkpoint import load_dense_block, write_synthetic_checkpoint
 
 __version__ = "0.1.0"
 
-# The fused Triton block (chapter 10) needs Triton: import it on first use, so that
-# `import kimi_mlp` works without it. Importing kimi_mlp.fused (or kimi_mlp.kernels) turns on
-# Triton's CPU interpreter when no CUDA device is present.
+# The fused Triton block (chapter 10) needs Triton: import it on first use, so
+# that `import kimi_mlp` works without it. Importing kimi_mlp.fused (or
+# kimi_mlp.kernels) turns on Triton's CPU interpreter when no CUDA device is
+# present.
 _LAZY = {"FusedFp8DenseMLP": "fused", "fused_ffn_block": "fused",
-         # the block across ranks (chapter 12); torch.distributed, and Triton for "fused"
+         # the block across ranks (chapter 12): torch.distributed, and
+         # Triton for "fused"
          "TensorParallelFFN": "parallel", "load_dense_shard": "parallel",
          "tp_ffn_block": "parallel",
-         # inside a Hugging Face DeepseekV3 model (chapter 13); Triton for "fused"
+         # inside a Hugging Face DeepseekV3 model (chapter 13); Triton for
+         # "fused"
          "fuse_ffn": "hf", "FusedMLP": "hf",
          # the Gluon GEMMs for Hopper (appendix F), opt-in
          "GluonFp8DenseMLP": "kernels.gluon",
-         # what launches plan and compile for (chapter 7): a GPU's, or a named one's
-         # (`with kimi_mlp.compile_only("sm_89", sms=58): block(h)` compiles, runs nothing)
+         # what launches plan and compile for (chapter 7): a GPU's, or a named
+         # one's (`with kimi_mlp.compile_only("sm_89", sms=58): block(h)`
+         # compiles, runs nothing)
          "Target": "kernels", "compile_only": "kernels"}
 
 
 def __getattr__(name):
     if name in _LAZY:
         import importlib
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"),
+                       name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,14 +10,17 @@ from pathlib import Path
 from .gpus import GPUS, as_record, family_of   # appendix G
 
 # %% auto #0
-__all__ = ['HIDDEN', 'INTERMEDIATE', 'DECODE_SHARE', 'BENCH_M', 'HOST_TARGET_US', 'W8A16_PROVIDERS', 'W8A16_DECODE_M',
-           'W8A16_FLOOR_RATIO', 'W8A16_BF16_SPEEDUP', 'NO_MEASUREMENT', 'ffn_flop', 'ffn_min_bytes', 'roofline_floor_s',
-           'datasheet_gpus', 'decode_floor_s', 'prefill_floor_s', 'gpu_floor_s', 'timings', 'torch_bf16_launch_costs',
-           'predicted_record', 'check_targets', 'host_target', 'fused_path', 'find_gpu', 'w8a16_targets']
+__all__ = ['HIDDEN', 'INTERMEDIATE', 'DECODE_SHARE', 'BENCH_M',
+           'HOST_TARGET_US', 'W8A16_PROVIDERS', 'W8A16_DECODE_M',
+           'W8A16_FLOOR_RATIO', 'W8A16_BF16_SPEEDUP', 'NO_MEASUREMENT',
+           'ffn_flop', 'ffn_min_bytes', 'roofline_floor_s', 'datasheet_gpus',
+           'decode_floor_s', 'prefill_floor_s', 'gpu_floor_s', 'timings',
+           'torch_bf16_launch_costs', 'predicted_record', 'check_targets',
+           'host_target', 'fused_path', 'find_gpu', 'w8a16_targets']
 
 # %% ../book/11_benchmarks.ipynb #35856041
 HIDDEN, INTERMEDIATE = 7168, 18432
-DECODE_SHARE = 0.85  # the decode target: this share of the measured copy bandwidth
+DECODE_SHARE = 0.85  # decode target: this share of the measured copy bandwidth
 BENCH_M = tuple(2**i for i in range(14))  # 1, 2, 4, ..., 8192
 
 
@@ -35,8 +38,8 @@ def ffn_min_bytes(
     weights: str = "fp8",
 ) -> int:
     """Fewest bytes the FFN half must move for m tokens: the weights once
-    (`weights`="fp8": 1 byte per value plus float32 128x128 block scales; "bf16": 2
-    bytes), h in and out (bf16), the gain."""
+    (`weights`="fp8": 1 byte per value plus float32 128x128 block scales;
+    "bf16": 2 bytes), h in and out (bf16), the gain."""
     d, f = hidden_size, intermediate_size
     if weights == "fp8":
         w = 3 * d * f + 4 * 3 * math.ceil(d / 128) * math.ceil(f / 128)
@@ -54,10 +57,12 @@ def roofline_floor_s(
     hidden_size: int = HIDDEN,
     intermediate_size: int = INTERMEDIATE,
 ) -> float:
-    """max(bytes / copy bandwidth, FLOP / matmul rate) in seconds; `ceilings` holds
-    `copy_bytes_per_s`, `bf16_flop_per_s`, `fp8_flop_per_s` (`weights` picks the rate).
+    """max(bytes / copy bandwidth, FLOP / matmul rate) in seconds; `ceilings`
+    holds `copy_bytes_per_s`, `bf16_flop_per_s`, `fp8_flop_per_s` (`weights`
+    picks the rate).
     """
-    rate = ceilings["fp8_flop_per_s" if weights == "fp8" else "bf16_flop_per_s"]
+    rate = ceilings["fp8_flop_per_s" if weights == "fp8"
+                    else "bf16_flop_per_s"]
     return max(
         ffn_min_bytes(m, hidden_size, intermediate_size, weights)
         / ceilings["copy_bytes_per_s"],
@@ -66,15 +71,17 @@ def roofline_floor_s(
 
 # %% ../book/11_benchmarks.ipynb #4b033223
 def datasheet_gpus() -> list[dict]:
-    """The named GPUs of appendix G's registry as dicts (`gpus.as_record`): `name`,
-    family `arch` and `target`, the kernels' `mode` there (w8a8 or w8a16) and the key
-    of the rate that bounds them (`rate_key`), `sms`, `hbm_bytes_per_s`, the four
-    dense rates (None where none is recorded), `source`, `url`, `note`."""
+    """The named GPUs of appendix G's registry as dicts (`gpus.as_record`):
+    `name`, family `arch` and `target`, the kernels' `mode` there (w8a8 or
+    w8a16) and the key of the rate that bounds them (`rate_key`), `sms`,
+    `hbm_bytes_per_s`, the four dense rates (None where none is recorded),
+    `source`, `url`, `note`."""
     return [as_record(g) for g in GPUS.values()]
 
 # %% ../book/11_benchmarks.ipynb #03a0b7d4
 def decode_floor_s(m: int, bytes_per_s: float) -> float:
-    "The FFN half's bandwidth floor for m tokens: its fewest bytes over `bytes_per_s`."
+    """The FFN half's bandwidth floor for m tokens: its fewest bytes over
+    `bytes_per_s`."""
     return ffn_min_bytes(m) / bytes_per_s
 
 def prefill_floor_s(gpu: dict, m: int) -> float | None:
@@ -86,16 +93,16 @@ def prefill_floor_s(gpu: dict, m: int) -> float | None:
 
 
 def gpu_floor_s(gpu: dict, m: int) -> float:
-    """The kernels' roofline floor on `gpu` for m tokens: the larger of the bandwidth
-    and the arithmetic floor; the bandwidth floor alone, still a lower bound, where
-    no rate is recorded."""
+    """The kernels' roofline floor on `gpu` for m tokens: the larger of the
+    bandwidth and the arithmetic floor; the bandwidth floor alone, still a
+    lower bound, where no rate is recorded."""
     compute = prefill_floor_s(gpu, m) or 0.0
     return max(decode_floor_s(m, gpu["hbm_bytes_per_s"]), compute)
 
 # %% ../book/11_benchmarks.ipynb #0fd8ecc7
 def timings(record: dict) -> dict[str, tuple[list[int], list[float]]]:
-    """{provider: (M values, median seconds)} from the results that passed their check
-    and were timed."""
+    """{provider: (M values, median seconds)} from the results that passed
+    their check and were timed."""
     out = {}
     for r in sorted(record["results"], key=lambda r: r["m"]):
         if r["ok"] and r["median_ms"]:
@@ -108,9 +115,9 @@ def timings(record: dict) -> dict[str, tuple[list[int], list[float]]]:
 def torch_bf16_launch_costs(
     m: int, hidden_size: int = HIDDEN, intermediate_size: int = INTERMEDIATE
 ) -> list[dict]:
-    """Compulsory traffic and FLOP of `torch_bf16`'s seven launches for m tokens, rows
-    as chapter 10's `fused_launch_costs`: norm, gate, up (bf16 weights), SiLU, multiply,
-    down, residual add, bf16 between the steps."""
+    """Compulsory traffic and FLOP of `torch_bf16`'s seven launches for m
+    tokens, rows as chapter 10's `fused_launch_costs`: norm, gate, up (bf16
+    weights), SiLU, multiply, down, residual add, bf16 between the steps."""
     d, f = hidden_size, intermediate_size
     linear = lambda n, k: {"read": 2 * m * k + 2 * n * k, "written": 2 * m * n,
                            "flop": 2 * m * n * k}
@@ -120,22 +127,28 @@ def torch_bf16_launch_costs(
         {"launch": "linear gate_proj", **linear(f, d)},
         {"launch": "linear up_proj", **linear(f, d)},
         {"launch": "silu", "read": 2 * m * f, "written": 2 * m * f, "flop": 0},
-        {"launch": "multiply", "read": 4 * m * f, "written": 2 * m * f, "flop": 0},
+        {"launch": "multiply", "read": 4 * m * f, "written": 2 * m * f,
+         "flop": 0},
         {"launch": "linear down_proj", **linear(d, f)},
-        {"launch": "residual add", "read": 4 * m * d, "written": 2 * m * d, "flop": 0},
+        {"launch": "residual add", "read": 4 * m * d, "written": 2 * m * d,
+         "flop": 0},
     ]
 
 # %% ../book/11_benchmarks.ipynb #3cd63fs2
 def predicted_record(ceilings: dict, ms=BENCH_M, hidden_size: int = HIDDEN,
                      intermediate_size: int = INTERMEDIATE) -> dict:
-    """A record of kind "prediction" that `timings` and `check_targets` read: each
-    provider's "time" is the sum of its launches' roofline floors under `ceilings`
-    (chapter 10's cost models; torch_bf16 at the bf16 rate). Not a measurement."""
-    from kimi_mlp.fused import fused_launch_costs, launch_floor_s, unfused_launch_costs
+    """A record of kind "prediction" that `timings` and `check_targets` read:
+    each provider's "time" is the sum of its launches' roofline floors under
+    `ceilings` (chapter 10's cost models; torch_bf16 at the bf16 rate).
+    Not a measurement."""
+    from kimi_mlp.fused import (fused_launch_costs, launch_floor_s,
+                                unfused_launch_costs)
 
     d, f, bw = hidden_size, intermediate_size, ceilings["copy_bytes_per_s"]
-    models = {"torch_bf16": (torch_bf16_launch_costs, ceilings["bf16_flop_per_s"]),
-              "unfused_w8a8": (unfused_launch_costs, ceilings["fp8_flop_per_s"]),
+    models = {"torch_bf16": (torch_bf16_launch_costs,
+                             ceilings["bf16_flop_per_s"]),
+              "unfused_w8a8": (unfused_launch_costs,
+                               ceilings["fp8_flop_per_s"]),
               "fused": (fused_launch_costs, ceilings["fp8_flop_per_s"])}
     results = [{"provider": name, "m": m, "ok": True, "median_ms": 1e3 * sum(
                     launch_floor_s(c, bw, rate) for c in costs(m, d, f))}
@@ -152,7 +165,8 @@ def _target(target, rule, worst, met):
 
 def _decode_target(record: dict, fused: dict) -> dict:
     "Target 1: the worst share of the copy bandwidth over M <= 16."
-    d, f = record["shapes"]["hidden_size"], record["shapes"]["intermediate_size"]
+    d, f = (record["shapes"]["hidden_size"],
+            record["shapes"]["intermediate_size"])
     copy = (record.get("ceilings") or {}).get("copy_bytes_per_s")
     dec = {m: t for m, t in fused.items() if m <= 16}
     worst = (
@@ -180,12 +194,14 @@ def _prefill_target(tm: dict, fused: dict) -> dict:
     )
 
 
-def _faster_target(tm: dict, fused: dict, name: str, label: str, all_m) -> dict:
-    """Targets 3 and 4: the worst speed-up over provider `name`; unfused_w8a8 is judged
-    only if timed at every M, scaled_mm wherever it ran."""
+def _faster_target(tm: dict, fused: dict, name: str, label: str,
+                   all_m) -> dict:
+    """Targets 3 and 4: the worst speed-up over provider `name`; unfused_w8a8
+    is judged only if timed at every M, scaled_mm wherever it ran."""
     common = [m for m in fused if m in tm.get(name, {})]
     worst = min((tm[name][m] / fused[m] for m in common), default=None)
-    judged = worst is not None and (name == "scaled_mm" or len(common) == len(all_m))
+    judged = worst is not None and (name == "scaled_mm"
+                                    or len(common) == len(all_m))
     return _target(
         f"faster than {label} at every M it ran",
         f"min over M of t_{name}/t_fused",
@@ -195,10 +211,11 @@ def _faster_target(tm: dict, fused: dict, name: str, label: str, all_m) -> dict:
 
 # %% ../book/11_benchmarks.ipynb #dc43b105
 def check_targets(record: dict) -> list[dict]:
-    """The four GPU targets judged on `record`: [{target, rule, worst, met}] where
-    `met` is True, False or None (not judged: missing data). Target 5, the host's, is
-    `host_target`."""
-    tm = {name: dict(zip(ms, ts)) for name, (ms, ts) in timings(record).items()}
+    """The four GPU targets judged on `record`: [{target, rule, worst, met}]
+    where `met` is True, False or None (not judged: missing data). Target 5,
+    the host's, is `host_target`."""
+    tm = {name: dict(zip(ms, ts))
+          for name, (ms, ts) in timings(record).items()}
     fused = tm.get("fused", {})
     all_m = sorted({r["m"] for r in record["results"]})
     return [
@@ -209,12 +226,13 @@ def check_targets(record: dict) -> list[dict]:
     ]
 
 # %% ../book/11_benchmarks.ipynb #b771f580
-HOST_TARGET_US = 15.0  # target 5: µs of Python per eager decode call of the module
+# target 5: µs of Python per eager decode call of the module
+HOST_TARGET_US = 15.0
 
 
 def host_target(host_us: float | None) -> dict:
-    """Target 5 judged on a host time in µs (measured as in chapter 10); None: not
-    judged."""
+    """Target 5 judged on a host time in µs (measured as in chapter 10);
+    None: not judged."""
     return _target(
         f"host time of an eager decode call <= {HOST_TARGET_US:.0f} µs",
         "µs of Python per FusedFp8DenseMLP call at M = 1, launches stubbed",
@@ -223,19 +241,22 @@ def host_target(host_us: float | None) -> dict:
     )
 
 # %% ../book/11_benchmarks.ipynb #16dac0c0
-#: The providers of a W8A16 benchmark record, named in one place: the fused block,
-#: its unfused pipeline (one launch per step), torch's bf16 on dequantized weights.
-W8A16_PROVIDERS = {"fused": "fused", "unfused": "unfused_w8a16", "bf16": "torch_bf16"}
+#: The providers of a W8A16 benchmark record, named in one place: the fused
+#: block, its unfused pipeline (one launch per step), torch's bf16 on
+#: dequantized weights.
+W8A16_PROVIDERS = {"fused": "fused", "unfused": "unfused_w8a16",
+                   "bf16": "torch_bf16"}
 W8A16_DECODE_M = 16  # targets 6 and 7 judge M <= 16
-W8A16_FLOOR_RATIO = 1.3  # target 6: time <= 1.3 x the datasheet-bandwidth floor
+W8A16_FLOOR_RATIO = 1.3  # target 6: t <= 1.3 x the datasheet-bandwidth floor
 W8A16_BF16_SPEEDUP = 1.7  # target 7: at least 1.7 x faster than torch_bf16
 NO_MEASUREMENT = "no measurement stored"
 
 
 def fused_path(record: dict) -> str | None:
-    """The kernels a record's fused provider ran, "w8a16" or "w8a8": its `path` where
-    the record has one, else from the device's compute capability (appendix C's
-    environment: below 8.9, W8A16); None for a record of no CUDA device."""
+    """The kernels a record's fused provider ran, "w8a16" or "w8a8": its
+    `path` where the record has one, else from the device's compute
+    capability (appendix C's environment: below 8.9, W8A16); None for a
+    record of no CUDA device."""
     fused = (record.get("providers") or {}).get(W8A16_PROVIDERS["fused"]) or {}
     if fused.get("path"):
         return fused["path"]
@@ -249,31 +270,37 @@ def fused_path(record: dict) -> str | None:
 
 # %% ../book/11_benchmarks.ipynb #16dac0s2
 def find_gpu(gpus: list[dict], device_name: str | None) -> dict | None:
-    "The entry whose `device_names` holds `device_name` (as torch reports it), or None."
+    """The entry whose `device_names` holds `device_name` (as torch
+    reports it), or None."""
     name = (device_name or "").strip().lower()
-    return next((g for g in gpus if name in [n.lower() for n in g["device_names"]]),
-                None)
+    return next((g for g in gpus
+                 if name in [n.lower() for n in g["device_names"]]), None)
 
 
-def _row(target, rule, worst, met, judged=True, missing=NO_MEASUREMENT) -> dict:
-    "A verdict: a miss at any M counts; a pass, only if every M it needs was timed."
+def _row(target, rule, worst, met, judged=True,
+         missing=NO_MEASUREMENT) -> dict:
+    """A verdict: a miss at any M counts; a pass, only if every M it needs
+    was timed."""
     verdict = (missing if worst is None else "missed" if not met
                else "met" if judged else NO_MEASUREMENT)
     return {"target": target, "rule": rule, "worst": worst, "verdict": verdict}
 
 # %% ../book/11_benchmarks.ipynb #096c3a5a
 def _w8a16_times(record: dict | None) -> dict[str, dict[int, float]]:
-    "{'fused'|'unfused'|'bf16': {M: seconds}} of a W8A16 record; {} for any other."
+    """{'fused'|'unfused'|'bf16': {M: seconds}} of a W8A16 record; {} for
+    any other."""
     if record is None or fused_path(record) != "w8a16":
         return {}
-    tm = {name: dict(zip(ms, ts)) for name, (ms, ts) in timings(record).items()}
+    tm = {name: dict(zip(ms, ts))
+          for name, (ms, ts) in timings(record).items()}
     return {key: tm.get(name, {}) for key, name in W8A16_PROVIDERS.items()}
 
 # %% ../book/11_benchmarks.ipynb #096c3as2
 def w8a16_targets(record: dict | None, gpus: list[dict]) -> list[dict]:
-    """Targets 6-8 judged on a stored benchmark record: [{target, rule, worst,
-    verdict}], verdict "met", "missed" or NO_MEASUREMENT (no record of the W8A16 path,
-    or not the timings a target needs). `gpus`: `datasheet_gpus()`."""
+    """Targets 6-8 judged on a stored benchmark record:
+    [{target, rule, worst, verdict}], verdict "met", "missed" or
+    NO_MEASUREMENT (no record of the W8A16 path, or not the timings a target
+    needs). `gpus`: `datasheet_gpus()`."""
     t, p = _w8a16_times(record), W8A16_PROVIDERS
     fused, bf16, unfused = (t.get(k, {}) for k in ("fused", "bf16", "unfused"))
     dec = {m: s for m, s in fused.items() if m <= W8A16_DECODE_M}
@@ -282,20 +309,23 @@ def w8a16_targets(record: dict | None, gpus: list[dict]) -> list[dict]:
         gpu = find_gpu(gpus, name := record["environment"].get("gpu"))
         missing = f"not judged: no datasheet entry for {name!r}"
     if gpu:
-        d, f = record["shapes"]["hidden_size"], record["shapes"]["intermediate_size"]
+        d, f = (record["shapes"]["hidden_size"],
+                record["shapes"]["intermediate_size"])
         bw = gpu["hbm_bytes_per_s"]
         over = [s * bw / ffn_min_bytes(m, d, f) for m, s in dec.items()]
     fast = [bf16[m] / s for m, s in dec.items() if m in bf16]
     vs = [unfused[m] / s for m, s in fused.items() if m in unfused]
-    w6, w7, w8 = max(over, default=None), min(fast, default=None), min(vs, default=None)
+    w6, w7, w8 = (max(over, default=None), min(fast, default=None),
+                  min(vs, default=None))
     decode = f"decode M <= {W8A16_DECODE_M}"
     return [
         _row(f"6. {decode} within {W8A16_FLOOR_RATIO}x the HBM floor",
-             "max over M of t_fused / (fewest bytes / datasheet bandwidth)", w6,
-             w6 is not None and w6 <= W8A16_FLOOR_RATIO, missing=missing),
+             "max over M of t_fused / (fewest bytes / datasheet bandwidth)",
+             w6, w6 is not None and w6 <= W8A16_FLOOR_RATIO, missing=missing),
         _row(f"7. {decode} at >= {W8A16_BF16_SPEEDUP}x {p['bf16']}",
              f"min over M of t_{p['bf16']} / t_fused", w7,
-             w7 is not None and w7 >= W8A16_BF16_SPEEDUP, len(fast) == len(dec)),
+             w7 is not None and w7 >= W8A16_BF16_SPEEDUP,
+             len(fast) == len(dec)),
         _row(f"8. never slower than {p['unfused']} at any M",
              f"min over M of t_{p['unfused']} / t_fused", w8,
              w8 is not None and w8 >= 1.0, len(vs) == len(fused)),

@@ -11,10 +11,13 @@ from torch import nn
 __all__ = ['GeluMLP', 'ResidualBlock']
 
 # %% ../book/03_block.ipynb #3839b6b7
-def _check_linear_input(x, in_features: int, weight: torch.Tensor, name: str = "x"):
-    "Cheap checks on a projection's input, weight [out, in_features]; reads no data."
+def _check_linear_input(x, in_features: int, weight: torch.Tensor,
+                        name: str = "x"):
+    """Cheap checks on a projection's input, weight [out, in_features]; reads
+    no data."""
     if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+        raise TypeError(f"{name}: expected a torch.Tensor, got "
+                        f"{type(x).__name__}")
     if not x.is_floating_point():
         raise ValueError(f"{name}: expected a floating tensor, got {x.dtype}")
     if x.dim() == 0 or x.shape[-1] != in_features:
@@ -39,20 +42,21 @@ def _check_sizes(hidden_size, intermediate_size):
 
 # %% ../book/03_block.ipynb #4e0c7808
 class GeluMLP(nn.Module):
-    """The classic two-matrix MLP, `down_proj(gelu(up_proj(x)))`: exact (erf) GELU,
-    no biases.
+    """The classic two-matrix MLP, `down_proj(gelu(up_proj(x)))`: exact
+    (erf) GELU, no biases.
 
-    x: [..., hidden_size] -> [..., hidden_size]; up_proj.weight [intermediate_size,
-    hidden_size], down_proj.weight [hidden_size, intermediate_size]. At Kimi K2's width:
-    264,241,152 parameters.
+    x: [..., hidden_size] -> [..., hidden_size];
+    up_proj.weight [intermediate_size, hidden_size],
+    down_proj.weight [hidden_size, intermediate_size].
+    At Kimi K2's width: 264,241,152 parameters.
     """
 
-    def __init__(
-        self, hidden_size: int, intermediate_size: int, dtype: torch.dtype | None = None
-    ):
+    def __init__(self, hidden_size: int, intermediate_size: int,
+                 dtype: torch.dtype | None = None):
         super().__init__()
         _check_sizes(hidden_size, intermediate_size)
-        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+        self.hidden_size, self.intermediate_size = (hidden_size,
+                                                    intermediate_size)
         self.up_proj = nn.Linear(
             hidden_size, intermediate_size, bias=False, dtype=dtype
         )
@@ -68,10 +72,10 @@ class GeluMLP(nn.Module):
 class ResidualBlock(nn.Module):
     """The FFN half of a decoder block: `h + mlp(post_attention_layernorm(h))`.
 
-    h: [B, T, d] residual stream (bf16 in Kimi K2, d = 7168) -> [B, T, d]. Both parts
-    are pluggable modules; the attribute names match the checkpoint, so the keys of
-    `model.layers.0.post_attention_layernorm.*` and `model.layers.0.mlp.*` load with the
-    prefix `model.layers.0.` stripped.
+    h: [B, T, d] residual stream (bf16 in Kimi K2, d = 7168) -> [B, T, d]. Both
+    parts are pluggable modules; the attribute names match the checkpoint, so
+    the keys of `model.layers.0.post_attention_layernorm.*` and
+    `model.layers.0.mlp.*` load with the prefix `model.layers.0.` stripped.
     """
 
     def __init__(self, post_attention_layernorm: nn.Module, mlp: nn.Module):

@@ -16,70 +16,82 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file
 
 from .block import ResidualBlock
-from kimi_mlp.config import (
-    MAX_LAYERS, KimiK2Config, count_parameters, dense_mlp_parameters, dense_mlp_shapes,
-    scale_shape)
+from .config import (
+    MAX_LAYERS, KimiK2Config, count_parameters, dense_mlp_parameters,
+    dense_mlp_shapes, scale_shape)
 from .fp8 import (
-    FP8_MAX, FP8_MODES, Fp8DenseMLP, dequantize_weight_blockwise, quantize_activation,
-    quantize_weight_blockwise)
+    FP8_MAX, FP8_MODES, Fp8DenseMLP, dequantize_weight_blockwise,
+    quantize_activation, quantize_weight_blockwise)
 from .rmsnorm import RMSNorm, rms_norm
-from .safetensors_io import (
+from kimi_mlp.safetensors_io import (
     INDEX_FILE, SAFETENSORS_DTYPES, SINGLE_FILE, CheckpointError, as_path,
     atomic_directory, check_extra_tensors, checkpoint_root, open_regular_file,
-    read_layout, read_safetensors_layout, resolve_tensor_files, shard_file_names)
+    read_layout, read_safetensors_layout, resolve_tensor_files,
+    shard_file_names)
 
 # %% auto #0
-__all__ = ['KIMI_SHARD_NAME', 'K2_0905_SHARD_NAME', 'GAIN_DTYPES', 'SMALL_CONFIG', 'SCALE_RANGE', 'CHECK_ORACLES', 'CHECK_BOUNDS',
-           'check_fp8_format', 'dense_block_tensors', 'synthetic_weight', 'synthetic_norm_gain', 'synthetic_shards',
-           'write_synthetic_checkpoint', 'read_tensors', 'load_dense_block', 'dense_block_float64',
-           'dense_block_w8a8_float64', 'relative_error']
+__all__ = ['KIMI_SHARD_NAME', 'K2_0905_SHARD_NAME', 'GAIN_DTYPES',
+           'SMALL_CONFIG', 'SCALE_RANGE', 'CHECK_ORACLES', 'CHECK_BOUNDS',
+           'check_fp8_format', 'dense_block_tensors', 'synthetic_weight',
+           'synthetic_norm_gain', 'synthetic_shards',
+           'write_synthetic_checkpoint', 'read_tensors', 'load_dense_block',
+           'dense_block_float64', 'dense_block_w8a8_float64', 'relative_error']
 
 # %% ../book/06_checkpoint.ipynb #e4aec313
-KIMI_SHARD_NAME = "model-{i}-of-{n}.safetensors"            # K2-Instruct: model-1-of-61
-K2_0905_SHARD_NAME = "model-{i:05d}-of-{n:06d}.safetensors"  # 0905: model-00001-of-...
+# K2-Instruct: model-1-of-61
+KIMI_SHARD_NAME = "model-{i}-of-{n}.safetensors"
+# 0905: model-00001-of-...
+K2_0905_SHARD_NAME = "model-{i:05d}-of-{n:06d}.safetensors"
 _DTYPE_CODES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
 
 
-#: The dtypes a norm gain may have (`torch_dtype`): real floating types that safetensors
-#: stores and RMSNorm computes in; no FP8 format (a gain is not block-scaled).
+#: The dtypes a norm gain may have (`torch_dtype`): real floating types that
+#: safetensors stores and RMSNorm computes in; no FP8 format (a gain is not
+#: block-scaled).
 GAIN_DTYPES = ("bfloat16", "float16", "float32")
 
 
 def _norm_dtype(config: KimiK2Config) -> torch.dtype:
     if config.torch_dtype not in GAIN_DTYPES:
-        raise ValueError(f"config.torch_dtype: expected one of {GAIN_DTYPES} (the norm "
-                         f"gain's dtype), got {config.torch_dtype!r:.40}")
+        raise ValueError(f"config.torch_dtype: expected one of {GAIN_DTYPES} "
+                         "(the norm gain's dtype), got "
+                         f"{config.torch_dtype!r:.40}")
     return getattr(torch, config.torch_dtype)
 
 # %% ../book/06_checkpoint.ipynb #985c708b
 def check_fp8_format(config: KimiK2Config) -> tuple[int, int]:
-    """The checkpoint format every loader here reads, from `config.json` alone and
-    before anything is sized: FP8 e4m3 weights in 128 x 128 blocks, activations
-    quantized at run time. Returns the block size."""
+    """The checkpoint format every loader here reads, from `config.json` alone
+    and before anything is sized: FP8 e4m3 weights in 128 x 128 blocks,
+    activations quantized at run time. Returns the block size."""
     bs = config.weight_block_size
     if config.quant_method != "fp8" or config.fmt != "e4m3" or bs is None:
-        raise ValueError("config: expected an FP8 e4m3 checkpoint with block scales "
-                         "(quant_method 'fp8', fmt 'e4m3'), got quant_method "
-                         f"{config.quant_method!r}, fmt {config.fmt!r}, "
-                         f"weight_block_size {bs!r}")
+        raise ValueError("config: expected an FP8 e4m3 checkpoint with block "
+                         "scales (quant_method 'fp8', fmt 'e4m3'), got "
+                         f"quant_method {config.quant_method!r}, fmt "
+                         f"{config.fmt!r}, weight_block_size {bs!r}")
     if tuple(bs) != (128, 128):
-        raise ValueError("config.weight_block_size: expected [128, 128] (Kimi K2's, "
-                         "and what the w8a8 forward's 1 x 128 activation groups and "
-                         f"the kernels need), got {list(bs)}")
-    if config.activation_scheme != "dynamic":     # static input scales: none read here
-        raise ValueError("config.activation_scheme: expected 'dynamic' (activation "
-                         "scales computed per token at run time, as every forward here "
-                         f"does), got {config.activation_scheme!r}")
+        raise ValueError("config.weight_block_size: expected [128, 128] (Kimi "
+                         "K2's, and what the w8a8 forward's 1 x 128 "
+                         "activation groups and the kernels need), got "
+                         f"{list(bs)}")
+    # static input scales: none read here
+    if config.activation_scheme != "dynamic":
+        raise ValueError("config.activation_scheme: expected 'dynamic' "
+                         "(activation scales computed per token at run time, "
+                         "as every forward here does), got "
+                         f"{config.activation_scheme!r}")
     return tuple(bs)
 
 # %% ../book/06_checkpoint.ipynb #7b5d5525
 def dense_block_tensors(config: KimiK2Config, layer: int = 0
                         ) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
-    """Name -> (dtype, shape) of every tensor the FFN half of dense block `layer` needs.
+    """Name -> (dtype, shape) of every tensor the FFN half of dense block
+    `layer` needs.
 
-    The norm gain `model.layers.{layer}.post_attention_layernorm.weight` is `[hidden]`
-    in the config's `torch_dtype` (bf16); each of `mlp.{gate,up,down}_proj` has `weight`
-    `[N, K]` float8_e4m3fn and `weight_scale_inv` `[ceil(N/bn), ceil(K/bk)]` float32.
+    The norm gain `model.layers.{layer}.post_attention_layernorm.weight` is
+    `[hidden]` in the config's `torch_dtype` (bf16); each of
+    `mlp.{gate,up,down}_proj` has `weight` `[N, K]` float8_e4m3fn and
+    `weight_scale_inv` `[ceil(N/bn), ceil(K/bk)]` float32.
     """
     bs = check_fp8_format(config)
     p = f"model.layers.{layer}."
@@ -92,45 +104,53 @@ def dense_block_tensors(config: KimiK2Config, layer: int = 0
     return specs
 
 # %% ../book/06_checkpoint.ipynb #55da4bc4
-SMALL_CONFIG = KimiK2Config(hidden_size=256, intermediate_size=640, num_hidden_layers=1)
+SMALL_CONFIG = KimiK2Config(hidden_size=256, intermediate_size=640,
+                            num_hidden_layers=1)
 
 
-def synthetic_weight(n: int, k: int, generator: torch.Generator) -> torch.Tensor:
-    """A random `[n, k]` float32 weight shaped like a trained one: heavy-tailed elements
-    (Gaussian times a log-normal factor), a log-normal scale per row, one input column
-    in 200 (at least one) scaled by 4, overall standard deviation about `1/sqrt(k)`."""
+def synthetic_weight(n: int, k: int,
+                     generator: torch.Generator) -> torch.Tensor:
+    """A random `[n, k]` float32 weight shaped like a trained one: heavy-tailed
+    elements (Gaussian times a log-normal factor), a log-normal scale per row,
+    one input column in 200 (at least one) scaled by 4, overall standard
+    deviation about `1/sqrt(k)`."""
     w = torch.randn(n, k, generator=generator)
-    w.mul_(torch.randn(n, k, generator=generator).mul_(0.5).exp_())  # E[f^2] = e^0.5
-    w.mul_(torch.randn(n, 1, generator=generator).mul_(0.2).exp_())  # rows: E = e^0.08
+    # E[f^2] = e^0.5
+    w.mul_(torch.randn(n, k, generator=generator).mul_(0.5).exp_())
+    # rows: E = e^0.08
+    w.mul_(torch.randn(n, 1, generator=generator).mul_(0.2).exp_())
     outliers = torch.randperm(k, generator=generator)[: max(1, k // 200)]
     w[:, outliers] *= 4.0
-    return w.mul_(k ** -0.5 * math.exp(-0.29))           # undo the factors' mean square
+    # undo the factors' mean square
+    return w.mul_(k ** -0.5 * math.exp(-0.29))
 
 
 def synthetic_norm_gain(d: int, generator: torch.Generator,
                         dtype=torch.bfloat16) -> torch.Tensor:
-    "A `[d]` RMSNorm gain, log-normal around 1 (median 1; 0.74 to 1.35 within a sigma)."
+    """A `[d]` RMSNorm gain, log-normal around 1 (median 1; 0.74 to 1.35 within
+    a sigma)."""
     return torch.randn(d, generator=generator).mul_(0.3).exp_().to(dtype)
 
 # %% ../book/06_checkpoint.ipynb #1c386257
 def synthetic_shards(config: KimiK2Config, n_files: int, seed: int, *,
                      single_file: bool = False, norm_separate: bool = False,
                      say=lambda msg: None) -> list[dict[str, torch.Tensor]]:
-    """The tensors of each of the `n_files` files of a synthetic checkpoint of `config`:
-    layer L's in file L (file 0 if `single_file`), every gain in the last file if
-    `norm_separate`."""
+    """The tensors of each of the `n_files` files of a synthetic checkpoint of
+    `config`: layer L's in file L (file 0 if `single_file`), every gain in the
+    last file if `norm_separate`."""
     g = torch.Generator().manual_seed(seed)
     shards: list[dict[str, torch.Tensor]] = [{} for _ in range(n_files)]
     for layer in range(config.num_hidden_layers):
         here = 0 if single_file else layer
         gains = n_files - 1 if norm_separate and not single_file else here
         p = f"model.layers.{layer}."
-        shards[gains][p + "post_attention_layernorm.weight"] = synthetic_norm_gain(
-            config.hidden_size, g, _norm_dtype(config))
+        shards[gains][p + "post_attention_layernorm.weight"] = (
+            synthetic_norm_gain(config.hidden_size, g, _norm_dtype(config)))
         if not config.is_dense_layer(layer):
             continue
         for proj, (n, k) in dense_mlp_shapes(config).items():
-            say(f"layer {layer}: {proj} [{n}, {k}]: drawing and quantizing to e4m3")
+            say(f"layer {layer}: {proj} [{n}, {k}]: "
+                "drawing and quantizing to e4m3")
             w_fp8, scale = quantize_weight_blockwise(synthetic_weight(n, k, g),
                                                      config.weight_block_size)
             shards[here][f"{p}mlp.{proj}.weight"] = w_fp8
@@ -139,38 +159,44 @@ def synthetic_shards(config: KimiK2Config, n_files: int, seed: int, *,
 
 # %% ../book/06_checkpoint.ipynb #195b812e
 def _check_int_argument(name: str, value, lo: int, hi: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"{name}: expected an int in [{lo}, {hi}], got {value!r:.40}")
+    if (isinstance(value, bool) or not isinstance(value, int)
+            or not lo <= value <= hi):
+        raise ValueError(f"{name}: expected an int in [{lo}, {hi}], got "
+                         f"{value!r:.40}")
 
 
 def _writer_config(config, num_layers, seed, full_size) -> KimiK2Config:
     if config is not None and full_size:
-        raise ValueError("full_size: expected a config or full_size=True, got both")
+        raise ValueError("full_size: expected a config or full_size=True, "
+                         "got both")
     _check_int_argument("num_layers", num_layers, 1, MAX_LAYERS)
     _check_int_argument("seed", seed, 0, 2**63 - 1)
     if config is None:
         config = KimiK2Config() if full_size else SMALL_CONFIG
     config = dataclasses.replace(config, num_hidden_layers=num_layers)
-    dense_block_tensors(config, 0)                          # validates the FP8 settings
+    dense_block_tensors(config, 0)  # validates the FP8 settings
     return config
 
 
 def _made_by_the_writer(name: str, num_layers: int) -> bool:
-    m = re.match(r"model\.layers\.(\d+)\.(mlp|post_attention_layernorm)\.", name)
+    m = re.match(r"model\.layers\.(\d+)\.(mlp|post_attention_layernorm)\.",
+                 name)
     return m is not None and int(m[1]) < num_layers
 
 # %% ../book/06_checkpoint.ipynb #bfe590b2
-def _save(tmp: Path, files: list[str], shards: list[dict], config: KimiK2Config,
-          say) -> int:
-    "Write the shards, the index (if sharded) and config.json into `tmp`; return bytes."
+def _save(tmp: Path, files: list[str], shards: list[dict],
+          config: KimiK2Config, say) -> int:
+    """Write the shards, the index (if sharded) and config.json into `tmp`;
+    return bytes."""
     weight_map, total = {}, 0
     for fname in files:
-        tensors = shards.pop(0)                                       # freed as we go
+        tensors = shards.pop(0)  # freed as we go
         nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-        say(f"writing {fname}: {len(tensors)} tensors, {nbytes / 2**20:.1f} MiB")
+        say(f"writing {fname}: {len(tensors)} tensors, "
+            f"{nbytes / 2**20:.1f} MiB")
         try:
             save_file(tensors, str(tmp / fname), metadata={"format": "pt"})
-        except SafetensorError as e:    # its I/O errors (a full disk): an OSError here
+        except SafetensorError as e:  # I/O errors (a full disk): OSError here
             raise OSError(f"{fname}: cannot write the shard into {tmp.parent} "
                           f"({e})") from None
         weight_map.update(dict.fromkeys(tensors, fname))
@@ -179,32 +205,38 @@ def _save(tmp: Path, files: list[str], shards: list[dict], config: KimiK2Config,
         index = {"metadata": {"total_size": total},
                  "weight_map": dict(sorted(weight_map.items()))}
         (tmp / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
-    (tmp / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    (tmp / "config.json").write_text(
+        json.dumps(config.to_dict(), indent=2) + "\n")
     return total
 
 # %% ../book/06_checkpoint.ipynb #dae8b0fd
 def write_synthetic_checkpoint(path, config: KimiK2Config | None = None,
                                num_layers: int = 1, seed: int = 0,
-                               full_size: bool = False, *, single_file: bool = False,
+                               full_size: bool = False, *,
+                               single_file: bool = False,
                                norm_separate: bool = False,
                                shard_name: str = KIMI_SHARD_NAME,
                                extra_tensors: dict | None = None,
                                progress: bool = False) -> Path:
-    """Write a Kimi-format FP8 checkpoint of `num_layers` layers' FFN tensors to the new
-    directory `path`, laid out by `synthetic_shards`. config: sizes and quantization
-    (default hidden 256, intermediate 640; `full_size=True`: the real 7168 / 18432).
-    Shards are named by `shard_name` (`KIMI_SHARD_NAME` or `K2_0905_SHARD_NAME`);
-    `single_file` writes one `model.safetensors` and no index. `extra_tensors` (name ->
-    (shape, dtype), zero-filled) join layer 0's file. Returns `path`."""
+    """Write a Kimi-format FP8 checkpoint of `num_layers` layers' FFN tensors
+    to the new directory `path`, laid out by `synthetic_shards`. config: sizes
+    and quantization (default hidden 256, intermediate 640; `full_size=True`:
+    the real 7168 / 18432). Shards are named by `shard_name`
+    (`KIMI_SHARD_NAME` or `K2_0905_SHARD_NAME`); `single_file` writes one
+    `model.safetensors` and no index. `extra_tensors` (name -> (shape, dtype),
+    zero-filled) join layer 0's file. Returns `path`."""
     path = as_path(path, "path")
     config = _writer_config(config, num_layers, seed, full_size)
     n_files = 1 if single_file else num_layers + bool(norm_separate)
-    files = [SINGLE_FILE] if single_file else shard_file_names(shard_name, n_files)
-    extra = check_extra_tensors(extra_tensors,
-                                lambda name: _made_by_the_writer(name, num_layers))
-    say = functools.partial(print, flush=True) if progress else (lambda msg: None)
+    files = ([SINGLE_FILE] if single_file
+             else shard_file_names(shard_name, n_files))
+    extra = check_extra_tensors(
+        extra_tensors, lambda name: _made_by_the_writer(name, num_layers))
+    say = (functools.partial(print, flush=True) if progress
+           else (lambda msg: None))
     with atomic_directory(path, log=say) as tmp:
-        shards = synthetic_shards(config, n_files, seed, single_file=single_file,
+        shards = synthetic_shards(config, n_files, seed,
+                                  single_file=single_file,
                                   norm_separate=norm_separate, say=say)
         shards[0].update({name: torch.zeros(shape, dtype=dtype)
                           for name, (shape, dtype) in extra.items()})
@@ -215,17 +247,17 @@ def write_synthetic_checkpoint(path, config: KimiK2Config | None = None,
 
 # %% ../book/06_checkpoint.ipynb #3fb7dc90
 def _tensor_entry(header: dict, file: Path, name: str, want):
-    """(dtype, shape, begin, end) of tensor `name` in a checked header, which must match
-    `want` = (dtype, shape) unless `want` is None."""
+    """(dtype, shape, begin, end) of tensor `name` in a checked header, which
+    must match `want` = (dtype, shape) unless `want` is None."""
     entry = header.get(name) if name != "__metadata__" else None
     if entry is None:
-        raise CheckpointError(f"{file}: tensor {name!r} is not in this file's header "
-                              "(the index maps it to this file)")
+        raise CheckpointError(f"{file}: tensor {name!r} is not in this file's "
+                              "header (the index maps it to this file)")
     dtype, shape = SAFETENSORS_DTYPES[entry["dtype"]], tuple(entry["shape"])
     if want is not None and dtype != want[0]:
         raise CheckpointError(f"{file}: tensor {name!r}: expected dtype "
-                              f"{_DTYPE_CODES.get(want[0], want[0])} ({want[0]}), "
-                              f"got {entry['dtype']}")
+                              f"{_DTYPE_CODES.get(want[0], want[0])} "
+                              f"({want[0]}), got {entry['dtype']}")
     if want is not None and shape != tuple(want[1]):
         raise CheckpointError(f"{file}: tensor {name!r}: expected shape "
                               f"{list(want[1])}, got {list(shape)}")
@@ -233,9 +265,9 @@ def _tensor_entry(header: dict, file: Path, name: str, want):
 
 # %% ../book/06_checkpoint.ipynb #e70902fe
 def _empty_bytes(n: int) -> np.ndarray:
-    """`n` uninitialised bytes. numpy asks Linux for transparent huge pages on large
-    arrays (madvise), so filling them takes 512 times fewer page faults than
-    torch.empty's 4 KiB pages."""
+    """`n` uninitialised bytes. numpy asks Linux for transparent huge pages on
+    large arrays (madvise), so filling them takes 512 times fewer page faults
+    than torch.empty's 4 KiB pages."""
     return np.empty(n, dtype=np.uint8)
 
 
@@ -246,7 +278,8 @@ def _wanted(specs: dict) -> str:
     return f"tensor {names[0]!r}{more}" if names else "no tensor"
 
 
-def _readinto_exactly(f, offset: int, buf: np.ndarray, file: Path, name: str) -> None:
+def _readinto_exactly(f, offset: int, buf: np.ndarray, file: Path,
+                      name: str) -> None:
     "Fill the uint8 array `buf` from byte `offset` of the open file `f`."
     f.seek(offset)
     view = memoryview(buf)
@@ -254,31 +287,35 @@ def _readinto_exactly(f, offset: int, buf: np.ndarray, file: Path, name: str) ->
     while got < len(view):
         n = f.readinto(view[got:])
         if not n:
-            raise CheckpointError(f"{file}: tensor {name!r}: file ended after {got} of "
-                                  f"its {len(view)} bytes (truncated?)")
+            raise CheckpointError(f"{file}: tensor {name!r}: file ended after "
+                                  f"{got} of its {len(view)} bytes "
+                                  "(truncated?)")
         got += n
 
 # %% ../book/06_checkpoint.ipynb #e8170c22
 def read_tensors(file, specs: dict) -> dict[str, torch.Tensor]:
-    """Read the tensors named in `specs` from one safetensors `file`, and nothing else.
+    """Read the tensors named in `specs` from one safetensors `file`, and
+    nothing else.
 
-    specs: name -> (dtype, shape) they must have, or None to accept the header's.
-    Returns name -> CPU tensor (a fresh, contiguous copy; the file is not mapped).
+    specs: name -> (dtype, shape) they must have, or None to accept the
+    header's. Returns name -> CPU tensor (a fresh, contiguous copy; the file
+    is not mapped).
     """
     file = as_path(file, "file")
     with open_regular_file(file, "safetensors file") as f:
         try:
             header, data_start = read_layout(f, file)
         except CheckpointError as e:
-            if " tensor '" in str(e):          # it names the tensor at fault already
+            if " tensor '" in str(e):  # it names the tensor at fault already
                 raise
-            raise type(e)(f"{e} (the file was opened for {_wanted(specs)})") from None
+            raise type(e)(f"{e} (the file was opened for "
+                          f"{_wanted(specs)})") from None
         plan = []
         for name, want in specs.items():
             dtype, shape, begin, end = _tensor_entry(header, file, name, want)
             plan.append((begin, end, name, dtype, shape))
         out = {}
-        plan.sort(key=lambda p: p[0])                                # in file order
+        plan.sort(key=lambda p: p[0])  # in file order
         for begin, end, name, dtype, shape in plan:
             buf = _empty_bytes(end - begin)
             _readinto_exactly(f, data_start + begin, buf, file, name)
@@ -290,24 +327,27 @@ _F32 = torch.finfo(torch.float32)
 SCALE_RANGE = (_F32.tiny, _F32.max / FP8_MAX)      # [2^-126, FLT_MAX / 448]
 
 
-def _check_nan_codes(file: Path, name: str, t: torch.Tensor, origin=(0, 0)) -> None:
-    """No e4m3 NaN code (0x7F, 0xFF) in weight `t`, naming the first one's element and
-    its 128 x 128 block; `origin`: where `t` starts in the whole tensor (a slice)."""
+def _check_nan_codes(file: Path, name: str, t: torch.Tensor,
+                     origin=(0, 0)) -> None:
+    """No e4m3 NaN code (0x7F, 0xFF) in weight `t`, naming the first one's
+    element and its 128 x 128 block; `origin`: where `t` starts in the whole
+    tensor (a slice)."""
     nan = (t.view(torch.uint8) & 0x7F) == 0x7F
     if nan.any():
         r, c = (int(i) + o for i, o in zip(nan.nonzero()[0], origin))
         code = int(t.view(torch.uint8)[r - origin[0], c - origin[1]])
         raise CheckpointError(
             f"{file}: tensor {name!r}: element [{r}, {c}] (block ({r // 128}, "
-            f"{c // 128})) holds the e4m3 NaN code {code:#04x}, which no quantizer "
-            "writes; expected finite codes (keep_nan_codes=True keeps them)")
+            f"{c // 128})) holds the e4m3 NaN code {code:#04x}, which no "
+            "quantizer writes; expected finite codes (keep_nan_codes=True "
+            "keeps them)")
 
 
 # %% ../book/06_checkpoint.ipynb #ddd1bf22
 def _check_values(file: Path, name: str, t: torch.Tensor,
                   keep_nan_codes: bool = False) -> None:
-    """The gain finite; block scales in `SCALE_RANGE` (NaN is outside), naming the
-    block; weight codes finite unless `keep_nan_codes`."""
+    """The gain finite; block scales in `SCALE_RANGE` (NaN is outside),
+    naming the block; weight codes finite unless `keep_nan_codes`."""
     if t.dtype == torch.float8_e4m3fn and not keep_nan_codes:
         _check_nan_codes(file, name, t)
     elif name.endswith("_scale_inv"):
@@ -319,31 +359,36 @@ def _check_values(file: Path, name: str, t: torch.Tensor,
                 f"{file}: tensor {name!r}: block ({row}, {col}) has scale "
                 f"{t[row, col].item():.3g}; expected a normal float32 in "
                 f"[{lo:.3g}, {hi:.3g}] (positive, and 448 x scale finite)")
-    elif name.endswith("post_attention_layernorm.weight") and not t.isfinite().all():
-        raise CheckpointError(f"{file}: tensor {name!r}: expected finite values, "
-                              "got NaN or inf")
+    elif (name.endswith("post_attention_layernorm.weight")
+            and not t.isfinite().all()):
+        raise CheckpointError(f"{file}: tensor {name!r}: expected finite "
+                              "values, got NaN or inf")
 
 
 def _check_layer(config: KimiK2Config, layer) -> None:
     n = config.num_hidden_layers
-    if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < n:
-        raise ValueError(f"layer: expected an int in [0, {n}), got {layer!r:.40}")
+    if (isinstance(layer, bool) or not isinstance(layer, int)
+            or not 0 <= layer < n):
+        raise ValueError(f"layer: expected an int in [0, {n}), got "
+                         f"{layer!r:.40}")
     if not config.is_dense_layer(layer):
         raise ValueError(f"layer: expected a dense layer (this config's are "
-                         f"{config.dense_layers}), got {layer}, a mixture-of-experts "
-                         "layer")
+                         f"{config.dense_layers}), got {layer}, "
+                         "a mixture-of-experts layer")
 
 # %% ../book/06_checkpoint.ipynb #5a31ebb2
-def load_dense_block(checkpoint_dir, layer: int = 0, config: KimiK2Config | None = None,
+def load_dense_block(checkpoint_dir, layer: int = 0,
+                     config: KimiK2Config | None = None,
                      device="cpu", mode: str = "w8a16",
                      keep_nan_codes: bool = False) -> ResidualBlock:
-    """Load the FFN half of dense block `layer` from a Kimi K2 (DeepSeek-V3 format) FP8
-    checkpoint: checkpoint_dir holds config.json and model.safetensors.index.json (or
-    one model.safetensors; the index file is accepted too). Returns `ResidualBlock(
-    RMSNorm, Fp8DenseMLP)` on `device`, h [..., hidden] bf16 -> bf16, `block.config`
-    set. Reads only the seven tensors it needs; never unpickles, never writes. Raises
-    CheckpointError naming file and tensor for an incomplete, inconsistent, corrupt or
-    unsafe checkpoint, e4m3 NaN weight codes among them unless `keep_nan_codes`."""
+    """Load the FFN half of dense block `layer` from a Kimi K2 (DeepSeek-V3
+    format) FP8 checkpoint: checkpoint_dir holds config.json and
+    model.safetensors.index.json (or one model.safetensors; the index file is
+    accepted too). Returns `ResidualBlock( RMSNorm, Fp8DenseMLP)` on `device`,
+    h [..., hidden] bf16 -> bf16, `block.config` set. Reads only the seven
+    tensors it needs; never unpickles, never writes. Raises CheckpointError
+    naming file and tensor for an incomplete, inconsistent, corrupt or unsafe
+    checkpoint, e4m3 NaN weight codes among them unless `keep_nan_codes`."""
     root, _ = checkpoint_root(checkpoint_dir)
     if config is None:
         config = KimiK2Config.from_json(root / "config.json")
@@ -351,7 +396,7 @@ def load_dense_block(checkpoint_dir, layer: int = 0, config: KimiK2Config | None
     specs = dense_block_tensors(config, layer)
     tensors = {}
     for file, names in resolve_tensor_files(root, specs).items():
-        tensors.update(read_tensors(file, {name: specs[name] for name in names}))
+        tensors.update(read_tensors(file, {n: specs[n] for n in names}))
         for name in names:
             _check_values(file, name, tensors[name], keep_nan_codes)
     prefix = f"model.layers.{layer}."
@@ -369,8 +414,9 @@ def load_dense_block(checkpoint_dir, layer: int = 0, config: KimiK2Config | None
 
 # %% ../book/06_checkpoint.ipynb #54c867a3
 def _weights_float64(mlp: Fp8DenseMLP) -> dict[str, torch.Tensor]:
-    "The three projections' weights, dequantized to float64 on the CPU: [N, K] each."
-    return {name: dequantize_weight_blockwise(     # exact in float64: 4 x 24 bits
+    """The three projections' weights, dequantized to float64 on the CPU:
+    [N, K] each."""
+    return {name: dequantize_weight_blockwise(  # exact in float64: 4 x 24 bits
                 getattr(mlp, name).weight.cpu(),
                 getattr(mlp, name).weight_scale_inv.cpu(),
                 mlp.block_size, dtype=torch.float64)
@@ -378,8 +424,8 @@ def _weights_float64(mlp: Fp8DenseMLP) -> dict[str, torch.Tensor]:
 
 
 def dense_block_float64(block: ResidualBlock, h: torch.Tensor) -> torch.Tensor:
-    """The block's FFN half in float64 on its dequantized weights, an oracle for the FP8
-    forwards (`check` holds w8a16 to it).
+    """The block's FFN half in float64 on its dequantized weights, an oracle
+    for the FP8 forwards (`check` holds w8a16 to it).
 
     h: [..., hidden] (any floating dtype) -> [..., hidden] float64:
     `h + down(silu(gate(x)) * up(x))` with `x = rms_norm(h)` computed without
@@ -394,33 +440,39 @@ def dense_block_float64(block: ResidualBlock, h: torch.Tensor) -> torch.Tensor:
 
 # %% ../book/06_checkpoint.ipynb #69e62021
 def _quantized_float64(a: torch.Tensor) -> torch.Tensor:
-    """`a` [..., K] through `quantize_activation` (1 x 128 groups, on a's device; a
-    float64 `a` is rounded to float32 first), its codes times their scales in float64
-    (exact): [..., K] float64 on the CPU."""
+    """`a` [..., K] through `quantize_activation` (1 x 128 groups, on a's
+    device; a float64 `a` is rounded to float32 first), its codes times their
+    scales in float64 (exact): [..., K] float64 on the CPU."""
     codes, scale = quantize_activation(a)
     scale = scale.double().repeat_interleave(128, dim=-1)[..., :a.shape[-1]]
     return codes.double().cpu() * scale.cpu()
 
 
-def dense_block_w8a8_float64(block: ResidualBlock, h: torch.Tensor) -> torch.Tensor:
-    """The block's FFN half with the w8a8 forward's three activation quantizations and
-    everything else in float64: the oracle `check` holds the "w8a8" forward to.
+def dense_block_w8a8_float64(block: ResidualBlock,
+                             h: torch.Tensor) -> torch.Tensor:
+    """The block's FFN half with the w8a8 forward's three activation
+    quantizations and everything else in float64: the oracle `check` holds
+    the "w8a8" forward to.
 
     h: [..., hidden] (the block's input) -> [..., hidden] float64:
-    `h + down(Q(silu(gate(Q(x))) * up(Q(x))))`, where `x = rms_norm(h)` in h's dtype on
-    h's device (the forward's x, bit for bit) and `Q` is `quantize_activation`,
-    dequantized; the GEMMs, SwiGLU and the residual add are float64.
+    `h + down(Q(silu(gate(Q(x))) * up(Q(x))))`, where `x = rms_norm(h)` in
+    h's dtype on h's device (the forward's x, bit for bit) and `Q` is
+    `quantize_activation`, dequantized; the GEMMs, SwiGLU and the residual
+    add are float64.
     """
     norm, w = block.post_attention_layernorm, _weights_float64(block.mlp)
     h = h.detach()
     x = _quantized_float64(rms_norm(h, norm.weight.detach(), norm.eps))
     g, u = x @ w["gate_proj"].T, x @ w["up_proj"].T
-    p = _quantized_float64(g * torch.sigmoid(g) * u)  # float32, like the forward's p
+    # float32, like the forward's p
+    p = _quantized_float64(g * torch.sigmoid(g) * u)
     return h.double().cpu() + p @ w["down_proj"].T
 
-
-CHECK_ORACLES = {"w8a16": dense_block_float64, "w8a8": dense_block_w8a8_float64}
-CHECK_BOUNDS = {"w8a16": 2.0 ** -6, "w8a8": 2.0 ** -7}  # relative errors (text above)
+# %% ../book/06_checkpoint.ipynb #69e620s1
+CHECK_ORACLES = {"w8a16": dense_block_float64,
+                 "w8a8": dense_block_w8a8_float64}
+# relative errors (text above)
+CHECK_BOUNDS = {"w8a16": 2.0 ** -6, "w8a8": 2.0 ** -7}
 
 
 def relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:

@@ -20,17 +20,22 @@ from .checkpoint import (CHECK_BOUNDS, CHECK_ORACLES, SMALL_CONFIG,
 from .config import (MAX_LAYERS, MAX_WIDTH, KimiK2Config,
                              dense_mlp_parameters, parameters_in)
 from .fp8 import FP8_MODES
-from .safetensors_io import CheckpointError, checkpoint_root, checkpoint_tensors
+from .safetensors_io import (CheckpointError, checkpoint_root,
+                                     checkpoint_tensors)
 
 # %% auto #0
-__all__ = ['COMMANDS', 'EXTERNAL_COMMANDS', 'EXIT_OK', 'EXIT_FAILED', 'EXIT_USAGE', 'EXIT_NO_GPU', 'EXIT_MISSING',
-           'EXIT_INTERRUPTED', 'EXTRAS', 'WIDTH', 'register_command', 'int_in', 'seconds', 'missing_package', 'needs',
-           'out_dir', 'out_file', 'run_external', 'Progress', 'build_parser', 'main']
+__all__ = ['COMMANDS', 'EXTERNAL_COMMANDS', 'EXIT_OK', 'EXIT_FAILED',
+           'EXIT_USAGE', 'EXIT_NO_GPU', 'EXIT_MISSING', 'EXIT_INTERRUPTED',
+           'EXTRAS', 'WIDTH', 'register_command', 'int_in', 'seconds',
+           'missing_package', 'needs', 'out_dir', 'out_file', 'run_external',
+           'Progress', 'build_parser', 'main']
 
 # %% ../book/appendix_b_cli.ipynb #6d35a103
-COMMANDS: dict[str, tuple[str, object, object]] = {}  # name -> (help, add_args, run)
+# name -> (help, add_args, run)
+COMMANDS: dict[str, tuple[str, object, object]] = {}
 EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {  # name -> (module, help)
-    "bench": ("kimi_mlp.apparatus.harness", "GPU benchmarks (chapter 11, appendix E)"),
+    "bench": ("kimi_mlp.apparatus.harness",
+              "GPU benchmarks (chapter 11, appendix E)"),
     "gpu-report": (
         "kimi_mlp.apparatus.report",
         "everything that needs a GPU, in one run (appendix C)",
@@ -46,9 +51,10 @@ EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {  # name -> (module, help)
 }
 
 
-def register_command(name: str, run, add_arguments=None, help: str = "") -> None:
-    """Add subcommand `name`: `add_arguments(parser)` declares its options, `run(args)`
-    does the work and returns an exit status (None means 0)."""
+def register_command(name: str, run, add_arguments=None,
+                     help: str = "") -> None:
+    """Add subcommand `name`: `add_arguments(parser)` declares its options,
+    `run(args)` does the work and returns an exit status (None means 0)."""
     COMMANDS[name] = (help, add_arguments, run)
 
 
@@ -63,7 +69,8 @@ class _Parser(argparse.ArgumentParser):
     "An ArgumentParser whose errors are one line on stderr (exit status 2)."
 
     def error(self, message):
-        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+        self.exit(2,
+                  f"error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def int_in(lo: int, hi: int):
@@ -74,8 +81,8 @@ def int_in(lo: int, hi: int):
         except ValueError:
             value = None
         if value is None or not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"expected an int in [{lo}, {hi}], "
-                                             f"got {text!r}")
+            raise argparse.ArgumentTypeError(
+                f"expected an int in [{lo}, {hi}], got {text!r}")
         return value
     parse.__name__ = f"int in [{lo}, {hi}]"
     return parse
@@ -86,7 +93,8 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_GPU, EXIT_MISSING = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130
 #: The optional packages, each with the extra of kimi-mlp that brings it.
 EXTRAS = {"triton": "kernels", "matplotlib": "report"}
-#: A hidden or intermediate width: at least one 128-wide block, at most MAX_WIDTH.
+#: A hidden or intermediate width: at least one 128-wide block, at
+#: most MAX_WIDTH.
 WIDTH = int_in(128, MAX_WIDTH)
 
 
@@ -97,14 +105,17 @@ def seconds(text: str) -> float:
     except ValueError:
         value = math.nan
     if not 0 < value <= 1e6:                        # NaN fails too
-        raise argparse.ArgumentTypeError(f"expected seconds in (0, 1e6], got {text!r}")
+        raise argparse.ArgumentTypeError("expected seconds in (0, 1e6], got "
+                                         f"{text!r}")
     return value
 
 
 def missing_package(e: ImportError) -> str | None:
-    "The optional package whose absence raised `e`, or None (then it is a bug)."
+    """The optional package whose absence raised `e`, or None (then it is a
+    bug)."""
     root = (getattr(e, "name", None) or "").split(".")[0]
-    return root if isinstance(e, ModuleNotFoundError) and root in EXTRAS else None
+    return (root if isinstance(e, ModuleNotFoundError) and root in EXTRAS
+            else None)
 
 
 def needs(package: str) -> None:
@@ -115,35 +126,38 @@ def needs(package: str) -> None:
 def out_dir(text: str) -> Path:
     "An argparse type: a directory to write into, new or existing, not a file."
     if Path(text).exists() and not Path(text).is_dir():
-        raise argparse.ArgumentTypeError(f"expected a directory, got {text!r}, "
-                                         "which is a file")
+        raise argparse.ArgumentTypeError("expected a directory, got "
+                                         f"{text!r}, which is a file")
     return Path(text)
 
 
 def out_file(text: str) -> Path:
     "An argparse type: a file to write, new or existing, not a directory."
     if Path(text).is_dir():
-        raise argparse.ArgumentTypeError(f"expected a file, got {text!r}, which is "
-                                         "a directory")
+        raise argparse.ArgumentTypeError(f"expected a file, got {text!r}, "
+                                         "which is a directory")
     return Path(text)
 
 # %% ../book/appendix_b_cli.ipynb #a1b2c3d2
 def _line(e: BaseException) -> str:
-    return " ".join(str(e).split()) or type(e).__name__        # one line, always
+    return " ".join(str(e).split()) or type(e).__name__  # one line, always
 
 
-def run_external(prog: str, module: str, function: str = "main", argv=None) -> int:
-    """Import `module` and run `function(argv)` under the command line's rules: an
-    optional package missing is one line and EXIT_MISSING, bad input one line and
-    EXIT_FAILED, Ctrl-C EXIT_INTERRUPTED; otherwise the function's status."""
+def run_external(prog: str, module: str, function: str = "main",
+                 argv=None) -> int:
+    """Import `module` and run `function(argv)` under the command line's rules:
+    an optional package missing is one line and EXIT_MISSING, bad input one
+    line and EXIT_FAILED, Ctrl-C EXIT_INTERRUPTED; otherwise the function's
+    status."""
     try:
         rc = getattr(importlib.import_module(module), function)(argv)
     except ImportError as e:
         package = missing_package(e)
         if package is None:
             raise
-        print(f"error: {prog}: needs {package}, which is not installed: pip install "
-              f"'kimi-mlp[{EXTRAS[package]}]'", file=sys.stderr, flush=True)
+        print(f"error: {prog}: needs {package}, which is not installed: "
+              f"pip install 'kimi-mlp[{EXTRAS[package]}]'",
+              file=sys.stderr, flush=True)
         return EXIT_MISSING
     except (CheckpointError, ValueError, TypeError, OSError) as e:
         print(f"error: {prog}: {_line(e)}", file=sys.stderr, flush=True)
@@ -155,9 +169,9 @@ def run_external(prog: str, module: str, function: str = "main", argv=None) -> i
 
 # %% ../book/appendix_b_cli.ipynb #a1b2c3d4
 class Progress:
-    """A command's progress on `stream` (stderr): a tqdm bar on a terminal when tqdm is
-    installed, else "WHAT [i/n]: text" per step; `lines=False`: the bar only.
-    Call it once per step finished; use it as a context manager."""
+    """A command's progress on `stream` (stderr): a tqdm bar on a terminal when
+    tqdm is installed, else "WHAT [i/n]: text" per step; `lines=False`: the bar
+    only. Call it once per step finished; use it as a context manager."""
 
     def __init__(self, what: str, total: int | None = None, lines: bool = True,
                  stream=None):
@@ -169,7 +183,8 @@ class Progress:
             except ImportError:
                 pass
             else:
-                self.bar = tqdm(total=total, desc=what, file=self.stream, leave=False)
+                self.bar = tqdm(total=total, desc=what, file=self.stream,
+                                leave=False)
 
     def __call__(self, text: str = "") -> None:
         self.done += 1
@@ -182,20 +197,22 @@ class Progress:
                   flush=True)
 
     def __enter__(self) -> "Progress":
-        if self.bar is not None:                   # the command's own lines go above
+        if self.bar is not None:   # the command's own lines go above
             self._above = _AboveTheBar(sys.stdout, self.bar)
             self._stdout, sys.stdout = sys.stdout, self._above
         return self
 
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
-            self._above.write("\n" if self._above.part else "")  # a line left open
+            # a line left open
+            self._above.write("\n" if self._above.part else "")
             sys.stdout = self._stdout
             self.bar.close()
 
 # %% ../book/appendix_b_cli.ipynb #a1b2c3d7
 class _AboveTheBar:
-    "stdout while a bar is drawn: each whole line clears the bar, then redraws it."
+    """stdout while a bar is drawn: each whole line clears the bar, then
+    redraws it."""
 
     def __init__(self, out, bar):
         self.out, self.bar, self.part = out, bar, ""
@@ -219,10 +236,13 @@ class _AboveTheBar:
 
 # %% ../book/appendix_b_cli.ipynb #859baf1f
 def build_parser() -> argparse.ArgumentParser:
-    "The parser of `python -m kimi_mlp`, with every registered and available command."
-    parser = _Parser(prog="python -m kimi_mlp",
-                     description="Kimi K2's dense FFN block: checkpoints and checks.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    """The parser of `python -m kimi_mlp`, with every registered and available
+    command."""
+    parser = _Parser(
+        prog="python -m kimi_mlp",
+        description="Kimi K2's dense FFN block: checkpoints and checks.")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="COMMAND")
     for name, (help, add_arguments, run) in COMMANDS.items():
         p = sub.add_parser(name, help=help, description=help)
         if add_arguments is not None:
@@ -235,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    "The command line: `python -m kimi_mlp COMMAND ...`. Returns the exit status."
+    """The command line: `python -m kimi_mlp COMMAND ...`. Returns the exit
+    status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in EXTERNAL_COMMANDS and argv[0] not in COMMANDS:
         module = EXTERNAL_COMMANDS[argv[0]][0]
@@ -245,11 +266,13 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         rc = args._run(args)
-    except (CheckpointError, ValueError, TypeError, OSError) as e:   # bad input: a line
+    except (CheckpointError, ValueError, TypeError, OSError) as e:
+        # bad input: a line
         print(f"error: {_line(e)}", file=sys.stderr, flush=True)
         return EXIT_FAILED
-    except MemoryError as e:             # a consistent checkpoint larger than memory
-        print(f"error: out of memory: {str(e).strip() or 'an allocation failed'}",
+    except MemoryError as e:   # a consistent checkpoint larger than memory
+        print("error: out of memory: "
+              f"{str(e).strip() or 'an allocation failed'}",
               file=sys.stderr, flush=True)
         return EXIT_FAILED
     except KeyboardInterrupt:
@@ -286,9 +309,8 @@ def _synth_arguments(p):
         action="store_true",
         help="put the norm gains in a shard of their own",
     )
-    p.add_argument(
-        "--single-file", action="store_true", help="one model.safetensors, no index"
-    )
+    p.add_argument("--single-file", action="store_true",
+                   help="one model.safetensors, no index")
 
 
 def _synth(args):
@@ -299,10 +321,12 @@ def _synth(args):
         )
     cfg = KimiK2Config() if args.full_size else SMALL_CONFIG
     if args.intermediate_size is not None:
-        cfg = dataclasses.replace(cfg, intermediate_size=args.intermediate_size)
+        cfg = dataclasses.replace(cfg,
+                                  intermediate_size=args.intermediate_size)
     print(
-        f"writing a synthetic checkpoint: hidden {cfg.hidden_size}, intermediate "
-        f"{cfg.intermediate_size}, {args.layers} layer(s), seed {args.seed}",
+        f"writing a synthetic checkpoint: hidden {cfg.hidden_size}, "
+        f"intermediate {cfg.intermediate_size}, {args.layers} layer(s), "
+        f"seed {args.seed}",
         flush=True,
     )
     write_synthetic_checkpoint(
@@ -328,18 +352,20 @@ def _info_arguments(p):
 def _info(args):
     root, _ = checkpoint_root(args.dir, "DIR")
     cfg = KimiK2Config.from_json(root / "config.json")
-    print(f"config: hidden {cfg.hidden_size}, intermediate {cfg.intermediate_size}, "
+    print(f"config: hidden {cfg.hidden_size}, "
+          f"intermediate {cfg.intermediate_size}, "
           f"layers {cfg.num_hidden_layers} (dense: {cfg.dense_layers}), "
           f"rms_norm_eps {cfg.rms_norm_eps:g}, "
           f"weights {cfg.quant_method} {cfg.fmt} "
           f"blocks {list(cfg.weight_block_size or [])}")
     rows = checkpoint_tensors(args.dir)
     n_files = len({r[3] for r in rows})
-    print(f"{len(rows)} tensors in {n_files} file(s); parameters (headers, scales "
-          f"excluded): {parameters_in(rows):,}")
-    per_mlp, n_dense = dense_mlp_parameters(cfg)["total"], len(cfg.dense_layers)
-    print(f"dense MLP by the config: {per_mlp:,} per dense layer x {n_dense} = "
-          f"{per_mlp * n_dense:,}")
+    print(f"{len(rows)} tensors in {n_files} file(s); "
+          f"parameters (headers, scales excluded): {parameters_in(rows):,}")
+    per_mlp, n_dense = (dense_mlp_parameters(cfg)["total"],
+                        len(cfg.dense_layers))
+    print(f"dense MLP by the config: {per_mlp:,} per dense layer "
+          f"x {n_dense} = {per_mlp * n_dense:,}")
     shown = [r for r in rows if args.match in r[0]]
     width = max([len(r[0]) for r in shown[: args.limit]] + [4])
     print(f"{'name':{width}s}  {'dtype':8s} {'shape':16s} shard")
@@ -363,7 +389,8 @@ def _check(args):
     print(f"loading layer {args.layer} from {args.dir} ...", flush=True)
     t0 = time.perf_counter()
     block = load_dense_block(args.dir, layer=args.layer)
-    nbytes = sum(t.numel() * t.element_size() for t in block.state_dict().values())
+    nbytes = sum(t.numel() * t.element_size()
+                 for t in block.state_dict().values())
     print(f"loaded 7 tensors, {nbytes / 2**20:.1f} MiB, "
           f"in {time.perf_counter() - t0:.2f} s", flush=True)
     g = torch.Generator().manual_seed(args.seed)
@@ -376,10 +403,12 @@ def _check(args):
         for mode in FP8_MODES:
             block.mlp.mode = mode
             t0 = time.perf_counter()
-            err, bound = relative_error(block(h), refs[mode]), CHECK_BOUNDS[mode]
+            err, bound = (relative_error(block(h), refs[mode]),
+                          CHECK_BOUNDS[mode])
             dt, ok = time.perf_counter() - t0, ok and err <= bound
             print(f"{mode}: relative error {err:.1e} <= {bound:.1e}: "
-                  f"{'OK' if err <= bound else 'FAIL'} ({dt * 1e3:.1f} ms)", flush=True)
+                  f"{'OK' if err <= bound else 'FAIL'} ({dt * 1e3:.1f} ms)",
+                  flush=True)
     return 0 if ok else 1
 
 # %% ../book/appendix_b_cli.ipynb #cef44add

@@ -10,34 +10,39 @@ from .safetensors_io import (
     CheckpointError, as_path, checkpoint_tensors, read_checkpoint_json)
 
 # %% auto #0
-__all__ = ['KNOWN_ACTIVATIONS', 'MAX_LAYERS', 'MAX_WIDTH', 'MAX_COUNT', 'MAX_VOCAB', 'KimiK2Config', 'scale_shape',
-           'dense_mlp_shapes', 'dense_mlp_parameters', 'gelu_mlp_parameters', 'dense_mlp_bytes', 'parameters_in',
-           'count_parameters']
+__all__ = ['KNOWN_ACTIVATIONS', 'MAX_LAYERS', 'MAX_WIDTH', 'MAX_COUNT',
+           'MAX_VOCAB', 'KimiK2Config', 'scale_shape', 'dense_mlp_shapes',
+           'dense_mlp_parameters', 'gelu_mlp_parameters', 'dense_mlp_bytes',
+           'parameters_in', 'count_parameters']
 
 # %% ../book/01_config.ipynb #7fb7d38f
-KNOWN_ACTIVATIONS = ("silu",)  # the gated MLP of this book; DeepSeek-V3 and Kimi K2
+KNOWN_ACTIVATIONS = ("silu",)  # this book's gated MLP (DeepSeek-V3, Kimi K2)
 MAX_LAYERS, MAX_WIDTH, MAX_COUNT, MAX_VOCAB = 1024, 2**20, 2**16, 2**24
 _INT_BOUNDS = {   # field: (min, max)
     "hidden_size": (1, MAX_WIDTH), "intermediate_size": (1, MAX_WIDTH),
-    "moe_intermediate_size": (1, MAX_WIDTH), "num_hidden_layers": (1, MAX_LAYERS),
-    "first_k_dense_replace": (0, MAX_LAYERS), "moe_layer_freq": (1, MAX_LAYERS),
-    "n_routed_experts": (1, MAX_COUNT), "n_shared_experts": (1, MAX_COUNT),
-    "num_experts_per_tok": (1, MAX_COUNT), "num_attention_heads": (1, MAX_COUNT),
-    "q_lora_rank": (1, MAX_WIDTH), "kv_lora_rank": (1, MAX_WIDTH),
-    "vocab_size": (1, MAX_VOCAB),
+    "moe_intermediate_size": (1, MAX_WIDTH),
+    "num_hidden_layers": (1, MAX_LAYERS),
+    "first_k_dense_replace": (0, MAX_LAYERS),
+    "moe_layer_freq": (1, MAX_LAYERS), "n_routed_experts": (1, MAX_COUNT),
+    "n_shared_experts": (1, MAX_COUNT), "num_experts_per_tok": (1, MAX_COUNT),
+    "num_attention_heads": (1, MAX_COUNT), "q_lora_rank": (1, MAX_WIDTH),
+    "kv_lora_rank": (1, MAX_WIDTH), "vocab_size": (1, MAX_VOCAB),
 }
-_TEXT_FIELDS = ("hidden_act", "torch_dtype", "model_type", "fmt", "activation_scheme")
+_TEXT_FIELDS = ("hidden_act", "torch_dtype", "model_type", "fmt",
+                "activation_scheme")
 _QUANT_KEYS = ("quant_method", "fmt", "activation_scheme", "weight_block_size")
 
 
 def _check_int(name, value, lo=1, hi=MAX_WIDTH):
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ValueError(f"KimiK2Config.{name}: expected an int in [{lo}, {hi}], "
-                         f"got {value!r:.40}")
+    if (isinstance(value, bool) or not isinstance(value, int)
+            or not lo <= value <= hi):
+        raise ValueError(f"KimiK2Config.{name}: expected an int in [{lo}, "
+                         f"{hi}], got {value!r:.40}")
 
 
 def _check_block_size(value, name="block_size"):
-    "A block size: a pair of positive ints (also used by chapter 5's FP8 functions)."
+    """A block size: a pair of positive ints (also used by chapter 5's FP8
+    functions)."""
     ok = (isinstance(value, (tuple, list)) and len(value) == 2
           and all(isinstance(b, int) and not isinstance(b, bool) and b > 0
                   for b in value))
@@ -53,12 +58,16 @@ def _validate(cfg) -> None:
         if not (name == "n_routed_experts" and cfg.n_routed_experts is None):
             _check_int(name, getattr(cfg, name), lo, hi)
     for name, top, what in (("rms_norm_eps", 1, "a number in (0, 1)"),
-                            ("rope_theta", math.inf, "a positive finite number")):
+                            ("rope_theta", math.inf,
+                             "a positive finite number")):
         value = getattr(cfg, name)
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        number = (isinstance(value, (int, float))
+                  and not isinstance(value, bool))
         if not (number and 0 < value < top):
-            raise ValueError(f"KimiK2Config.{name}: expected {what}, got {value!r:.40}")
-    texts = _TEXT_FIELDS + (("quant_method",) if cfg.quant_method is not None else ())
+            raise ValueError(f"KimiK2Config.{name}: expected {what}, got "
+                             f"{value!r:.40}")
+    texts = _TEXT_FIELDS + (("quant_method",) if cfg.quant_method is not None
+                            else ())
     for name in texts:
         if not isinstance(getattr(cfg, name), str):
             raise ValueError(f"KimiK2Config.{name}: expected a string, "
@@ -73,8 +82,10 @@ def _validate(cfg) -> None:
 
 # %% ../book/01_config.ipynb #cd5edd4d
 class _ConfigMethods:
-    "What a KimiK2Config does besides holding its fields (the class below holds them)."
-    num_hidden_layers: int               # one of those fields, read by dense_layers
+    """What a KimiK2Config does besides holding its fields (the class below
+    holds them)."""
+    # one of those fields, read by dense_layers
+    num_hidden_layers: int
 
     def __post_init__(self):
         _validate(self)
@@ -100,13 +111,14 @@ class _ConfigMethods:
     @property
     def dense_layers(self) -> list[int]:
         "Indices of the blocks whose FFN is the dense MLP."
-        return [i for i in range(self.num_hidden_layers) if self.is_dense_layer(i)]
+        return [i for i in range(self.num_hidden_layers)
+                if self.is_dense_layer(i)]
 
 # %% ../book/01_config.ipynb #9ee93777
 @dataclass(frozen=True)
 class KimiK2Config(_ConfigMethods):
-    """The slice of Kimi K2's `config.json` this package uses. Defaults are the released
-    values of moonshotai/Kimi-K2-Instruct (revision fd1984e2b7a3)."""
+    """The slice of Kimi K2's `config.json` this package uses. Defaults are the
+    released values of moonshotai/Kimi-K2-Instruct (revision fd1984e2b7a3)."""
     hidden_size: int = 7168
     intermediate_size: int = 18432
     moe_intermediate_size: int = 2048
@@ -125,7 +137,7 @@ class KimiK2Config(_ConfigMethods):
     hidden_act: str = "silu"
     torch_dtype: str = "bfloat16"
     model_type: str = "kimi_k2"
-    # quantization_config; quant_method None means an unquantized (bf16) checkpoint
+    # quantization_config; quant_method None: an unquantized (bf16) checkpoint
     quant_method: str | None = "fp8"
     fmt: str = "e4m3"
     activation_scheme: str = "dynamic"
@@ -141,8 +153,8 @@ def _from_hf(cls, d: dict) -> dict:
     if q is None:  # an unquantized checkpoint
         kwargs.update(quant_method=None, weight_block_size=None)
     elif not isinstance(q, dict):
-        raise ValueError(f"KimiK2Config.quantization_config: expected an object, "
-                         f"got {q!r:.40}")
+        raise ValueError("KimiK2Config.quantization_config: expected an "
+                         f"object, got {q!r:.40}")
     else:
         kwargs.update({k: q[k] for k in _QUANT_KEYS if k in q})
     return kwargs
@@ -163,7 +175,8 @@ def _read_config(cls, path):
     path = as_path(path, "path")
     d = read_checkpoint_json(path, "config file")
     if not isinstance(d, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(d).__name__}")
+        raise CheckpointError(f"{path}: expected a JSON object, got "
+                              f"{type(d).__name__}")
     try:
         return cls.from_dict(d)
     except (TypeError, ValueError) as e:
@@ -173,8 +186,8 @@ def _read_config(cls, path):
 def _is_dense_layer(cfg, layer_idx: int) -> bool:
     if isinstance(layer_idx, bool) or not isinstance(layer_idx, int) \
             or not 0 <= layer_idx < cfg.num_hidden_layers:
-        raise ValueError(f"layer_idx: expected an int in [0, {cfg.num_hidden_layers}), "
-                         f"got {layer_idx!r:.40}")
+        raise ValueError("layer_idx: expected an int in [0, "
+                         f"{cfg.num_hidden_layers}), got {layer_idx!r:.40}")
     is_moe = (cfg.n_routed_experts is not None
               and layer_idx >= cfg.first_k_dense_replace
               and layer_idx % cfg.moe_layer_freq == 0)
@@ -183,13 +196,15 @@ def _is_dense_layer(cfg, layer_idx: int) -> bool:
 # %% ../book/01_config.ipynb #440377f1
 def scale_shape(shape: tuple[int, int],
                 block_size: tuple[int, int] = (128, 128)) -> tuple[int, int]:
-    "Shape `[ceil(N/bn), ceil(K/bk)]` of the block scales of an `[N, K]` weight."
+    """Shape `[ceil(N/bn), ceil(K/bk)]` of the block scales of an
+    `[N, K]` weight."""
     (n, k), (bn, bk) = shape, block_size
     return (math.ceil(n / bn), math.ceil(k / bk))
 
 
 def dense_mlp_shapes(config: KimiK2Config) -> dict[str, tuple[int, int]]:
-    "Weight shapes `[out_features, in_features]` of the dense MLP, by checkpoint name."
+    """Weight shapes `[out_features, in_features]` of the dense MLP,
+    by checkpoint name."""
     d, f = config.hidden_size, config.intermediate_size
     return {"gate_proj": (f, d), "up_proj": (f, d), "down_proj": (d, f)}
 
@@ -202,12 +217,14 @@ def dense_mlp_parameters(config: KimiK2Config) -> dict[str, int]:
 
 
 def gelu_mlp_parameters(config: KimiK2Config) -> int:
-    "Parameters of a two-matrix (up, down) MLP of the same width, for comparison."
+    """Parameters of a two-matrix (up, down) MLP of the same width,
+    for comparison."""
     return 2 * config.hidden_size * config.intermediate_size
 
-
+# %% ../book/01_config.ipynb #440377s1
 def dense_mlp_bytes(config: KimiK2Config) -> dict[str, int]:
-    "Bytes of one dense MLP's weights in fp8 and bf16, and of its float32 block scales."
+    """Bytes of one dense MLP's weights in fp8 and bf16, and of its
+    float32 block scales."""
     params = dense_mlp_parameters(config)["total"]
     bs = config.weight_block_size or (128, 128)
     shapes = dense_mlp_shapes(config).values()
@@ -220,12 +237,14 @@ def _is_counted(name: str) -> bool:
 
 
 def parameters_in(tensors) -> int:
-    "Parameters in `(name, dtype, shape, file)` rows; scales and `inv_freq` excluded."
-    return sum(math.prod(shape) for name, _, shape, _ in tensors if _is_counted(name))
+    """Parameters in `(name, dtype, shape, file)` rows; scales and `inv_freq`
+    excluded."""
+    return sum(math.prod(shape) for name, _, shape, _ in tensors
+               if _is_counted(name))
 
 
 def count_parameters(path) -> int:
-    """Parameters of a safetensors checkpoint (a file, a directory, or an index), from
-    the headers alone. Block scales `*_scale_inv` and `*.inv_freq` buffers are not
-    counted."""
+    """Parameters of a safetensors checkpoint (a file, a directory, or an
+    index), from the headers alone. Block scales `*_scale_inv` and `*.inv_freq`
+    buffers are not counted."""
     return parameters_in(checkpoint_tensors(path))

@@ -9,26 +9,31 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import _check_block_size   # chapter 1: a pair of positive ints
+# chapter 1: a pair of positive ints
+from .config import _check_block_size
 from .swiglu import silu
 
 # %% auto #0
-__all__ = ['FP8_MAX', 'ACT_AMAX_EPS', 'FP8_DTYPE', 'FP8_TENSOR_CORES', 'SCALE_MIN', 'FP8_MODES', 'INT_OF_WIDTH',
-           'quantize_weight_blockwise', 'dequantize_weight_blockwise', 'quantize_activation', 'fp8_linear_w8a16',
-           'fp8_matmul_blockwise', 'fp8_linear_w8a8', 'Fp8Linear', 'Fp8DenseMLP']
+__all__ = ['FP8_MAX', 'ACT_AMAX_EPS', 'FP8_DTYPE', 'FP8_TENSOR_CORES',
+           'SCALE_MIN', 'FP8_MODES', 'INT_OF_WIDTH',
+           'quantize_weight_blockwise', 'dequantize_weight_blockwise',
+           'quantize_activation', 'fp8_linear_w8a16', 'fp8_matmul_blockwise',
+           'fp8_linear_w8a8', 'Fp8Linear', 'Fp8DenseMLP']
 
 # %% ../book/05_fp8.ipynb #466b5529
 FP8_MAX = 448.0          # largest finite float8_e4m3fn: 1.110 x 2^8
-ACT_AMAX_EPS = 1e-10     # activation amax floor: an all-zero group gets a finite scale
+ACT_AMAX_EPS = 1e-10     # amax floor: an all-zero group gets a finite scale
 FP8_DTYPE = torch.float8_e4m3fn
-#: Compute capability from which NVIDIA GPUs multiply e4m3 on their tensor cores
-#: (Ada 8.9, Hopper 9.0; CUDA C++ Programming Guide, "Compute Capabilities").
+#: Compute capability from which NVIDIA GPUs multiply e4m3 on their tensor
+#: cores (Ada 8.9, Hopper 9.0; CUDA C++ Programming Guide, "Compute
+#: Capabilities").
 FP8_TENSOR_CORES = (8, 9)
 
 
 def _check_positive_int(name, value, example=""):
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name}: expected a positive int{example}, got {value!r}")
+        raise ValueError(f"{name}: expected a positive int{example}, got "
+                         f"{value!r}")
 
 
 def _check_group_size(group_size):
@@ -37,10 +42,12 @@ def _check_group_size(group_size):
 
 def _check_floating(name, t, min_rank=1, rank=None):
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if not t.is_floating_point() or t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        raise ValueError(f"{name}: expected a floating tensor (float32, bfloat16, "
-                         f"float16, float64), got {t.dtype}")
+        raise TypeError(f"{name}: expected a torch.Tensor, got "
+                        f"{type(t).__name__}")
+    if (not t.is_floating_point()
+            or t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)):
+        raise ValueError(f"{name}: expected a floating tensor (float32, "
+                         f"bfloat16, float16, float64), got {t.dtype}")
     if rank is not None and t.dim() != rank:
         raise ValueError(f"{name}: expected a {rank}-d tensor, "
                          f"got shape {tuple(t.shape)}")
@@ -50,11 +57,14 @@ def _check_floating(name, t, min_rank=1, rank=None):
 
 # %% ../book/05_fp8.ipynb #23435ad9
 def _check_quantized_weight(weight, weight_scale_inv, block_size):
-    "Check an `[N, K]` e4m3 weight and its `[ceil(N/bn), ceil(K/bk)]` float32 scales."
+    """Check an `[N, K]` e4m3 weight and its `[ceil(N/bn), ceil(K/bk)]`
+    float32 scales."""
     bn, bk = _check_block_size(block_size)
-    for name, t in (("weight", weight), ("weight_scale_inv", weight_scale_inv)):
+    for name, t in (("weight", weight),
+                    ("weight_scale_inv", weight_scale_inv)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(f"{name}: expected a torch.Tensor, got "
+                            f"{type(t).__name__}")
     if weight.dtype != FP8_DTYPE:
         raise ValueError(f"weight: expected dtype torch.float8_e4m3fn, "
                          f"got {weight.dtype}")
@@ -68,28 +78,28 @@ def _check_quantized_weight(weight, weight_scale_inv, block_size):
     n, k = weight.shape
     expected = (math.ceil(n / bn), math.ceil(k / bk))
     if tuple(scale.shape) != expected:
-        raise ValueError(f"weight_scale_inv: expected shape {list(expected)} for a "
-                         f"weight of shape {[n, k]} and block_size {(bn, bk)}, "
-                         f"got {list(scale.shape)}")
+        raise ValueError(f"weight_scale_inv: expected shape {list(expected)} "
+                         f"for a weight of shape {[n, k]} and block_size "
+                         f"{(bn, bk)}, got {list(scale.shape)}")
     if scale.device != weight.device:
         raise ValueError(f"weight_scale_inv: expected device {weight.device} "
                          f"(the weight's), got {scale.device}")
     return bn, bk
 
 # %% ../book/05_fp8.ipynb #2320bd44
-SCALE_MIN = torch.finfo(torch.float32).tiny        # 2^-126: the smallest normal float32
+SCALE_MIN = torch.finfo(torch.float32).tiny  # 2^-126, the smallest normal
 
 
 def quantize_weight_blockwise(w: torch.Tensor, block_size=(128, 128)):
     """Quantize a weight to e4m3 with one float32 scale per `block_size` block.
 
-    w: [N, K] floating (bf16 in Kimi K2). Returns `(w_fp8, weight_scale_inv)`: [N, K]
-    float8_e4m3fn and [ceil(N/bn), ceil(K/bk)] float32, the *dequantization multiplier*:
-    `w ~= float(w_fp8) * weight_scale_inv[i // bn, j // bk]`. Per block, the scale is
-    amax(|block|) / 448 in float32 (over an edge block's real elements) and the codes
-    `(w / scale).clamp(-448, 448)` rounded to nearest even; an all-zero block gets scale
-    1.0 and zero codes, a scale below float32's smallest normal is clamped to SCALE_MIN.
-    One row of blocks at a time: the float32 temporaries are `bn x K`, never `N x K`."""
+    w: [N, K] floating (bf16 in Kimi K2). Returns (w_fp8 [N, K] e4m3,
+    weight_scale_inv [ceil(N/bn), ceil(K/bk)] float32), the *dequantization
+    multiplier*: `w ~= float(w_fp8) * weight_scale_inv[i // bn, j // bk]`.
+    Per block: scale = amax(|block|) / 448 in float32 (over an edge block's
+    real elements; 1.0 for an all-zero block; at least SCALE_MIN), codes =
+    `(w / scale).clamp(-448, 448)` rounded to nearest even. One row of blocks
+    at a time: the float32 temporaries are `bn x K`, never `N x K`."""
     _check_floating("w", w, rank=2)
     bn, bk = _check_block_size(block_size)
     n, k = w.shape
@@ -97,61 +107,70 @@ def quantize_weight_blockwise(w: torch.Tensor, block_size=(128, 128)):
     w_fp8 = torch.empty(n, k, dtype=FP8_DTYPE, device=w.device)
     scale = torch.empty(nb, kb, dtype=torch.float32, device=w.device)
     for i in range(nb):
-        rows = w[i * bn:(i + 1) * bn].to(torch.float32, copy=True)   # [<=bn, K] float32
+        rows = w[i * bn:(i + 1) * bn].to(torch.float32, copy=True)  # [<=bn, K]
         if not torch.isfinite(rows).all():
-            raise ValueError(f"w: expected finite values, got inf or NaN in rows "
-                             f"{i * bn}..{min((i + 1) * bn, n) - 1}")
-        blocks = F.pad(rows.abs(), (0, kb * bk - k)).view(rows.shape[0], kb, bk)
+            raise ValueError("w: expected finite values, got inf or NaN in "
+                             f"rows {i * bn}..{min((i + 1) * bn, n) - 1}")
+        blocks = (F.pad(rows.abs(), (0, kb * bk - k))
+                  .view(rows.shape[0], kb, bk))
         amax = blocks.amax(dim=(0, 2))                                # [kb]
-        s = amax / amax.new_tensor(FP8_MAX)  # IEEE division on every device (see below)
+        s = amax / amax.new_tensor(FP8_MAX)  # IEEE division on any device
         s = torch.where(amax > 0, s.clamp_min(SCALE_MIN), torch.ones_like(s))
         scale[i] = s
-        s_cols = s.repeat_interleave(bk)[:k]                  # [K]: each column's scale
+        s_cols = s.repeat_interleave(bk)[:k]    # [K]: each column's scale
         codes = rows.div_(s_cols).clamp_(-FP8_MAX, FP8_MAX)
         w_fp8[i * bn:(i + 1) * bn] = codes.to(FP8_DTYPE)
     return w_fp8, scale
 
 # %% ../book/05_fp8.ipynb #230aebe4
-def dequantize_weight_blockwise(w_fp8: torch.Tensor, weight_scale_inv: torch.Tensor,
+def dequantize_weight_blockwise(w_fp8: torch.Tensor,
+                                weight_scale_inv: torch.Tensor,
                                 block_size=(128, 128),
                                 dtype=torch.bfloat16) -> torch.Tensor:
     """`float(w_fp8) * weight_scale_inv` per block, returned as `dtype`.
 
-    w_fp8: [N, K] float8_e4m3fn; weight_scale_inv: [ceil(N/bn), ceil(K/bk)] float32.
-    Returns [N, K] `dtype`. Each product is formed in float32 and rounded once to
-    `dtype`; for `dtype=torch.float64` it is formed in float64, where it is exact (an
-    oracle's weights). Memory: the output plus one row of blocks (`bn x K`) in float32.
+    w_fp8: [N, K] float8_e4m3fn; weight_scale_inv: [ceil(N/bn), ceil(K/bk)]
+    float32. Returns [N, K] `dtype`. Each product is formed in float32 and
+    rounded once to `dtype`; for `dtype=torch.float64` it is formed in float64,
+    where it is exact (an oracle's weights). Memory: the output plus one row of
+    blocks (`bn x K`) in float32.
     """
     _check_quantized_weight(w_fp8, weight_scale_inv, block_size)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point \
             or dtype.itemsize < 2:
-        raise ValueError(f"dtype: expected a floating dtype of 16 bits or more, "
-                         f"got {dtype!r}")
+        raise ValueError("dtype: expected a floating dtype of 16 bits or "
+                         f"more, got {dtype!r}")
     bn, bk = block_size
     n, k = w_fp8.shape
     work = torch.float64 if dtype == torch.float64 else torch.float32
     out = torch.empty(n, k, dtype=dtype, device=w_fp8.device)
-    buf = torch.empty(min(bn, n), k, dtype=work, device=w_fp8.device)   # reused scratch
+    # reused scratch
+    buf = torch.empty(min(bn, n), k, dtype=work, device=w_fp8.device)
     for i in range(weight_scale_inv.shape[0]):
         r0, r1 = i * bn, min((i + 1) * bn, n)
         rows = buf[:r1 - r0]
-        rows.copy_(w_fp8[r0:r1])                                # exact widening
-        rows.mul_(weight_scale_inv[i].repeat_interleave(bk)[:k])  # column block scale
-        out[r0:r1].copy_(rows)                                  # one rounding to dtype
+        # exact widening
+        rows.copy_(w_fp8[r0:r1])
+        # column block scale
+        rows.mul_(weight_scale_inv[i].repeat_interleave(bk)[:k])
+        # one rounding to dtype
+        out[r0:r1].copy_(rows)
     return out
 
 # %% ../book/05_fp8.ipynb #a9bb2f5b
 def quantize_activation(x: torch.Tensor, group_size: int = 128):
     """Dynamic per-token, per-group e4m3 quantization of activations.
 
-    x: [..., K] floating (bf16 in the model). Groups are `group_size` consecutive
-    features along the last dimension (the last group is partial when K is not a
-    multiple). Returns `(x_fp8 [..., K] float8_e4m3fn, scale [..., ceil(K/group_size)]
-    float32)` with, per group, `scale = max(amax(|x|), ACT_AMAX_EPS) / 448` and
+    x: [..., K] floating (bf16 in the model). Groups are `group_size`
+    consecutive features along the last dimension (the last group is partial
+    when K is not a multiple). Returns
+    `(x_fp8 [..., K] float8_e4m3fn, scale [..., ceil(K/group_size)] float32)`
+    with, per group, `scale = max(amax(|x|), ACT_AMAX_EPS) / 448` and
     `x_fp8 = (x / scale).clamp(-448, 448)`, both divisions IEEE float32:
-    `x ~= float(x_fp8) * scale`. An all-zero group gets scale ACT_AMAX_EPS / 448 and
-    zero codes, never NaN. Inputs must be finite (not checked: hot path; an inf or NaN
-    in x makes its group's codes NaN, visibly).
+    `x ~= float(x_fp8) * scale`. An all-zero group gets scale
+    ACT_AMAX_EPS / 448 and zero codes, never NaN. Inputs must be finite
+    (not checked: hot path; an inf or NaN in x makes its group's codes NaN,
+    visibly).
     """
     _check_floating("x", x)
     _check_group_size(group_size)
@@ -161,10 +180,11 @@ def quantize_activation(x: torch.Tensor, group_size: int = 128):
                          f"got shape {tuple(x.shape)}")
     groups = math.ceil(k / group_size)
     xf = F.pad(x.float(), (0, groups * group_size - k))
-    xf = xf.unflatten(-1, (groups, group_size))                  # [..., groups, gs]
-    amax = xf.abs().amax(dim=-1)                                       # [..., groups]
-    # A Python-number divisor lets torch on CUDA multiply by its reciprocal instead; a
-    # tensor divisor keeps the IEEE division that the Triton kernels reproduce exactly.
+    xf = xf.unflatten(-1, (groups, group_size))            # [..., groups, gs]
+    amax = xf.abs().amax(dim=-1)                               # [..., groups]
+    # A Python-number divisor lets torch on CUDA multiply by its reciprocal
+    # instead; a tensor divisor keeps the IEEE division that the Triton kernels
+    # reproduce exactly.
     scale = amax.clamp(min=ACT_AMAX_EPS) / amax.new_tensor(FP8_MAX)
     q = (xf / scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return q.flatten(-2)[..., :k], scale
@@ -173,18 +193,21 @@ def quantize_activation(x: torch.Tensor, group_size: int = 128):
 def fp8_linear_w8a16(x: torch.Tensor, weight: torch.Tensor,
                      weight_scale_inv: torch.Tensor,
                      block_size=(128, 128)) -> torch.Tensor:
-    """Weight-only FP8 linear: dequantize the weight to `x.dtype`, then `F.linear`.
+    """Weight-only FP8 linear: dequantize the weight to `x.dtype`, then
+    `F.linear`.
 
     x: [..., K] floating; weight: [N, K] e4m3;
     weight_scale_inv: [ceil(N/bn), ceil(K/bk)] float32. No bias.
-    Returns [..., N] in x.dtype. This is DeepSeek's default `gemm_impl = "bf16"` path.
+    Returns [..., N] in x.dtype. This is DeepSeek's default
+    `gemm_impl = "bf16"` path.
     """
     _check_floating("x", x)
     _check_quantized_weight(weight, weight_scale_inv, block_size)
     if x.shape[-1] != weight.shape[1]:
-        raise ValueError(f"x: expected last dimension {weight.shape[1]} (the weight's "
-                         f"in_features), got shape {tuple(x.shape)}")
-    w = dequantize_weight_blockwise(weight, weight_scale_inv, block_size, dtype=x.dtype)
+        raise ValueError(f"x: expected last dimension {weight.shape[1]} (the "
+                         f"weight's in_features), got shape {tuple(x.shape)}")
+    w = dequantize_weight_blockwise(weight, weight_scale_inv, block_size,
+                                    dtype=x.dtype)
     return F.linear(x, w)
 
 # %% ../book/05_fp8.ipynb #21be74ed
@@ -192,20 +215,20 @@ def fp8_matmul_blockwise(x_fp8: torch.Tensor, x_scale: torch.Tensor,
                          weight: torch.Tensor, weight_scale_inv: torch.Tensor,
                          block_size=(128, 128),
                          out_dtype=torch.float32) -> torch.Tensor:
-    """`x @ weight.T` from FP8 codes and block scales: the reference of the Triton GEMM.
+    """`x @ weight.T` from FP8 codes and block scales: the reference of the
+    Triton GEMM.
 
-    x_fp8: [M, K] e4m3 with x_scale [M, ceil(K/128)] float32 (1 x 128 groups, as
-    `quantize_activation` returns them); weight: [N, K] e4m3 with weight_scale_inv
-    [ceil(N/bn), ceil(K/128)] float32. For each 128-wide K block kb, in float32:
-    `acc += (x_fp8[:, kb] @ w_fp8[:, kb].T) * x_scale[:, kb, None]
-    * w_scale[n // bn, kb]`, where the 128-term dot is summed in float64 (exact, in any
-    order) and rounded once to float32, so the result does not depend on the BLAS.
-    Returns [M, N] `out_dtype`.
-    """
+    x_fp8: [M, K] e4m3 with x_scale [M, ceil(K/128)] float32 (1 x 128 groups,
+    as `quantize_activation` returns them); weight: [N, K] e4m3 with
+    weight_scale_inv [ceil(N/bn), ceil(K/128)] float32. For each 128-wide K
+    block kb, in float32: `acc += (x_fp8[:, kb] @ w_fp8[:, kb].T)
+    * x_scale[:, kb, None] * w_scale[n // bn, kb]`, where the 128-term dot is
+    summed in float64 (exact, in any order) and rounded once to float32, so
+    the result does not depend on the BLAS. Returns [M, N] `out_dtype`."""
     bn, bk = _check_quantized_weight(weight, weight_scale_inv, block_size)
     if bk != 128:
-        raise ValueError(f"block_size: expected block_size[1] == 128 (the activation "
-                         f"group size), got {tuple(block_size)}")
+        raise ValueError("block_size: expected block_size[1] == 128 (the "
+                         f"activation group size), got {tuple(block_size)}")
     n, k = weight.shape
     m, kb_count = x_fp8.shape[0], weight_scale_inv.shape[1]
     if x_fp8.dtype != FP8_DTYPE or x_fp8.dim() != 2 or x_fp8.shape[1] != k:
@@ -217,9 +240,9 @@ def fp8_matmul_blockwise(x_fp8: torch.Tensor, x_scale: torch.Tensor,
     acc = torch.zeros(m, n, dtype=torch.float32, device=x_fp8.device)
     for kb in range(kb_count):
         cols = slice(kb * bk, (kb + 1) * bk)
-        w_scale = weight_scale_inv[:, kb].repeat_interleave(bn)[:n]            # [N]
-        # the step's 128-term dot: exact in float64 whatever the order, rounded once
-        dot = (x_fp8[:, cols].double() @ weight[:, cols].double().T).float()  # [M, N]
+        w_scale = weight_scale_inv[:, kb].repeat_interleave(bn)[:n]  # [N]
+        # [M, N]: the 128-term dot, exact in float64 in any order, rounded once
+        dot = (x_fp8[:, cols].double() @ weight[:, cols].double().T).float()
         acc += dot * x_scale[:, kb, None] * w_scale[None, :]
     return acc.to(out_dtype)
 
@@ -231,22 +254,23 @@ def fp8_linear_w8a8(x: torch.Tensor, weight: torch.Tensor,
     `fp8_matmul_blockwise`.
 
     x: [..., K] floating; weight: [N, K] e4m3; weight_scale_inv:
-    [ceil(N/bn), ceil(K/128)] float32 (block_size[1] must be 128, the activation group).
-    Returns [..., N] in `out_dtype` (default x.dtype).
+    [ceil(N/bn), ceil(K/128)] float32 (block_size[1] must be 128, the
+    activation group). Returns [..., N] in `out_dtype` (default x.dtype).
     """
     _check_floating("x", x)
     _check_quantized_weight(weight, weight_scale_inv, block_size)
     k = weight.shape[1]
     if x.shape[-1] != k:
-        raise ValueError(f"x: expected last dimension {k} (the weight's in_features), "
-                         f"got shape {tuple(x.shape)}")
+        raise ValueError(f"x: expected last dimension {k} (the weight's "
+                         f"in_features), got shape {tuple(x.shape)}")
     out_dtype = x.dtype if out_dtype is None else out_dtype
-    if not isinstance(out_dtype, torch.dtype) or not out_dtype.is_floating_point:
+    if (not isinstance(out_dtype, torch.dtype)
+            or not out_dtype.is_floating_point):
         raise ValueError(f"out_dtype: expected a floating torch dtype, "
                          f"got {out_dtype!r}")
-    x_fp8, x_scale = quantize_activation(x.reshape(-1, k))          # [M, K], [M, kb]
-    y = fp8_matmul_blockwise(x_fp8, x_scale, weight, weight_scale_inv, block_size,
-                             out_dtype)
+    x_fp8, x_scale = quantize_activation(x.reshape(-1, k))  # [M, K], [M, kb]
+    y = fp8_matmul_blockwise(x_fp8, x_scale, weight, weight_scale_inv,
+                             block_size, out_dtype)
     return y.reshape(*x.shape[:-1], weight.shape[0])
 
 # %% ../book/05_fp8.ipynb #b4d65c5b
@@ -260,7 +284,8 @@ def _check_mode(mode):
 
 # %% ../book/05_fp8.ipynb #4b076b1f
 class _Fp8LinearFrom:
-    "`Fp8Linear`'s constructor from a bf16 layer (a mixin, so each cell stays short)."
+    """`Fp8Linear`'s constructor from a bf16 layer (a mixin, so each cell
+    stays short)."""
     weight: torch.Tensor                 # Fp8Linear's two buffers, filled here
     weight_scale_inv: torch.Tensor
 
@@ -271,17 +296,17 @@ class _Fp8LinearFrom:
         w = linear_or_weight
         if isinstance(w, nn.Linear):
             if w.bias is not None:
-                raise ValueError("linear_or_weight: expected a Linear without bias, "
-                                 "got one with a bias")
+                raise ValueError("linear_or_weight: expected a Linear without "
+                                 "bias, got one with a bias")
             w = w.weight.detach()
         _check_floating("linear_or_weight", w, rank=2)
-        m = cls(w.shape[1], w.shape[0],  # type: ignore[call-arg]  # an Fp8Linear
-                block_size=block_size, mode=mode)
+        m = cls(w.shape[1], w.shape[0],  # type: ignore[call-arg]
+                block_size=block_size, mode=mode)  # an Fp8Linear
         m.weight, m.weight_scale_inv = quantize_weight_blockwise(w, block_size)
         return m
 
 # %% ../book/05_fp8.ipynb #c2d4e6f1
-#: An integer dtype of each width: what a cast passes over, a move carries along.
+#: An integer dtype per width: what a cast passes over, a move carries along.
 INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
@@ -290,26 +315,29 @@ class _KeepsCodes:
     _buffers: dict
 
     def _apply(self, fn, *args, **kwargs):
-        kept = {n: self._buffers[n].dtype for n in ("weight", "weight_scale_inv")
+        kept = {n: self._buffers[n].dtype
+                for n in ("weight", "weight_scale_inv")
                 if self._buffers.get(n) is not None}
         for n, dtype in kept.items():
-            self._buffers[n] = self._buffers[n].view(INT_OF_WIDTH[dtype.itemsize])
+            self._buffers[n] = self._buffers[n].view(
+                INT_OF_WIDTH[dtype.itemsize])
         try:
             return super()._apply(fn, *args, **kwargs)  # type: ignore[misc]
         finally:
             for n, dtype in kept.items():
                 if self._buffers[n].dtype != INT_OF_WIDTH[dtype.itemsize]:
-                    raise TypeError(f"{n}: a cast of the integer codes too (such as "
-                                    "Module.type) would change them; use .to(dtype)")
+                    raise TypeError(f"{n}: a cast of the integer codes too "
+                                    "(such as Module.type) would change them; "
+                                    "use .to(dtype)")
                 self._buffers[n] = self._buffers[n].view(dtype)
 
 # %% ../book/05_fp8.ipynb #85bd40bb
 class Fp8Linear(_Fp8LinearFrom, _KeepsCodes, nn.Module):
-    """A bias-free Linear with the checkpoint's buffers: `weight` [out, in] e4m3 and
-    `weight_scale_inv` [ceil(out/bn), ceil(in/bk)] float32; mode "w8a16" or "w8a8"."""
-
-    def __init__(self, in_features: int, out_features: int, block_size=(128, 128),
-                 mode: str = "w8a16"):
+    """A bias-free Linear with the checkpoint's buffers: `weight` [out, in]
+    e4m3 and `weight_scale_inv` [ceil(out/bn), ceil(in/bk)] float32; mode
+    "w8a16" or "w8a8"."""
+    def __init__(self, in_features: int, out_features: int,
+                 block_size=(128, 128), mode: str = "w8a16"):
         super().__init__()
         _check_positive_int("in_features", in_features)
         _check_positive_int("out_features", out_features)
@@ -320,7 +348,6 @@ class Fp8Linear(_Fp8LinearFrom, _KeepsCodes, nn.Module):
                                                    dtype=FP8_DTYPE))
         scales = math.ceil(out_features / bn), math.ceil(in_features / bk)
         self.register_buffer("weight_scale_inv", torch.ones(scales).float())
-
     def dequantized_weight(self, dtype=torch.bfloat16) -> torch.Tensor:
         "The weight as `dtype`: [out_features, in_features]."
         return dequantize_weight_blockwise(self.weight, self.weight_scale_inv,
@@ -328,28 +355,29 @@ class Fp8Linear(_Fp8LinearFrom, _KeepsCodes, nn.Module):
 
     def forward(self, x: torch.Tensor, mode: str | None = None,
                 out_dtype=None) -> torch.Tensor:
-        "x [..., in] -> [..., out]; `mode` overrides self.mode; `out_dtype`: w8a8's."
+        """x [..., in] -> [..., out]; `mode` overrides self.mode;
+        `out_dtype`: w8a8's."""
         mode = _check_mode(self.mode if mode is None else mode)
         w, s, bs = self.weight, self.weight_scale_inv, self.block_size
         if mode == "w8a16":
             return fp8_linear_w8a16(x, w, s, bs)
         return fp8_linear_w8a8(x, w, s, bs, out_dtype=out_dtype)
-
     def extra_repr(self) -> str:
-        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+        return (f"in_features={self.in_features}, "
+                f"out_features={self.out_features}, "
                 f"block_size={self.block_size}, mode={self.mode!r}")
 
 # %% ../book/05_fp8.ipynb #902fad71
 class _Fp8DenseMLPMixin:
-    """`Fp8DenseMLP`'s constructor from a bf16 MLP, and its `mode` and `block_size`,
-    read from and set on its three layers (a mixin, so each cell stays short)."""
+    """`Fp8DenseMLP`'s constructor from a bf16 MLP, and its `mode` and
+    `block_size`, read from and set on its three layers (a mixin, so each
+    cell stays short)."""
     PROJECTIONS: tuple[str, ...]         # what Fp8DenseMLP defines
     gate_proj: "Fp8Linear"
 
     @property
     def mode(self) -> str:
         return self.gate_proj.mode
-
     @mode.setter
     def mode(self, mode: str) -> None:
         _check_mode(mode)
@@ -367,46 +395,46 @@ class _Fp8DenseMLPMixin:
         linears = [getattr(dense, name, None) for name in cls.PROJECTIONS]
         for name, lin in zip(cls.PROJECTIONS, linears):
             if not isinstance(lin, nn.Linear):
-                raise ValueError(f"dense: expected a module with nn.Linear {name}, "
-                                 f"got {type(lin).__name__}")
-        m = cls(linears[0].in_features,  # type: ignore[call-arg]  # an Fp8DenseMLP
-                linears[0].out_features, block_size, mode)
+                raise ValueError("dense: expected a module with nn.Linear "
+                                 f"{name}, got {type(lin).__name__}")
+        m = cls(linears[0].in_features,  # type: ignore[call-arg]
+                linears[0].out_features, block_size, mode)  # an Fp8DenseMLP
         for name, lin in zip(cls.PROJECTIONS, linears):
             setattr(m, name, Fp8Linear.from_linear(lin, block_size, mode))
         return m
 
 # %% ../book/05_fp8.ipynb #68b8cf82
 class Fp8DenseMLP(_Fp8DenseMLPMixin, nn.Module):
-    """Kimi K2's dense SwiGLU MLP, FP8 block-scaled: `down(silu(gate(x)) * up(x))`.
-
-    `gate_proj`, `up_proj`: Fp8Linear(hidden -> intermediate); `down_proj`:
-    Fp8Linear(intermediate -> hidden). x: [..., hidden] bf16 -> y: [..., hidden] in
-    x.dtype.
-    - "w8a16": every step in x.dtype, like the reference modeling_deepseek.py with
-      dequantized weights.
+    """Kimi K2's dense SwiGLU MLP, FP8 block-scaled:
+    `down(silu(gate(x)) * up(x))`. `gate_proj`, `up_proj`: Fp8Linear(hidden ->
+    intermediate); `down_proj`: Fp8Linear(intermediate -> hidden).
+    x: [..., hidden] bf16 -> y: [..., hidden] in x.dtype.
+    - "w8a16": every step in x.dtype, like the reference modeling_deepseek.py
+      with dequantized weights.
     - "w8a8": gate and up by `fp8_linear_w8a8` with float32 outputs,
-      `p = silu(g) * u` in float32, then `fp8_linear_w8a8(p, down)` rounded to x.dtype
-      (the fused kernels' reference).
-    """
+      `p = silu(g) * u` in float32, then `fp8_linear_w8a8(p, down)` rounded to
+      x.dtype (the fused kernels' reference)."""
     PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
-
-    def __init__(self, hidden_size: int, intermediate_size: int, block_size=(128, 128),
-                 mode: str = "w8a16"):
+    def __init__(self, hidden_size: int, intermediate_size: int,
+                 block_size=(128, 128), mode: str = "w8a16"):
         super().__init__()
         _check_positive_int("hidden_size", hidden_size)
         _check_positive_int("intermediate_size", intermediate_size)
-        self.hidden_size, self.intermediate_size = d, f = hidden_size, intermediate_size
+        self.hidden_size, self.intermediate_size = d, f = (hidden_size,
+                                                           intermediate_size)
         self.gate_proj = Fp8Linear(d, f, block_size, mode)
         self.up_proj = Fp8Linear(d, f, block_size, mode)
         self.down_proj = Fp8Linear(f, d, block_size, mode)
 
-    def forward(self, x: torch.Tensor, mode: str | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor,
+                mode: str | None = None) -> torch.Tensor:
         "x: [..., hidden_size] -> y: [..., hidden_size] in x.dtype."
         mode = _check_mode(self.mode if mode is None else mode)
         if mode == "w8a16":
-            g, u = self.gate_proj(x, mode="w8a16"), self.up_proj(x, mode="w8a16")
+            g, u = (self.gate_proj(x, mode="w8a16"),
+                    self.up_proj(x, mode="w8a16"))
             return self.down_proj(silu(g) * u, mode="w8a16")
         g = self.gate_proj(x, mode="w8a8", out_dtype=torch.float32)
         u = self.up_proj(x, mode="w8a8", out_dtype=torch.float32)
-        p = silu(g) * u                                                    # float32
+        p = silu(g) * u  # float32
         return self.down_proj(p, mode="w8a8", out_dtype=x.dtype)

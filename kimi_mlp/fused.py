@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from . import kernels  # imported first: turns on TRITON_INTERPRET without a GPU
+# imported first: turns on TRITON_INTERPRET without a GPU
+from . import kernels
 from . import gpus     # appendix G: the GPU families
 from .block import ResidualBlock
 from .fp8 import (FP8_DTYPE, INT_OF_WIDTH, Fp8DenseMLP,
@@ -20,20 +21,24 @@ from .fp8 import (FP8_DTYPE, INT_OF_WIDTH, Fp8DenseMLP,
 from .rmsnorm import RMSNorm, rms_norm
 
 # %% auto #0
-__all__ = ['SCRATCH_MAX_M', 'CACHE_ENTRIES', 'CACHE_BYTES', 'GAIN_DTYPES', 'FfnTensors', 'ffn_tensors', 'fused_ffn_block',
-           'kept_bytes', 'FusedFp8DenseMLP', 'deepgemm_measure', 'tensor_core_shares', 'random_dense_block',
-           'fused_launch_costs', 'unfused_launch_costs', 'launch_floor_s']
+__all__ = ['SCRATCH_MAX_M', 'CACHE_ENTRIES', 'CACHE_BYTES', 'GAIN_DTYPES',
+           'FfnTensors', 'ffn_tensors', 'fused_ffn_block', 'kept_bytes',
+           'FusedFp8DenseMLP', 'deepgemm_measure', 'tensor_core_shares',
+           'random_dense_block', 'fused_launch_costs', 'unfused_launch_costs',
+           'launch_floor_s']
 
 # %% ../book/10_fused_mlp.ipynb #0d2c1f39
 @dataclass(frozen=True)
 class FfnTensors:
-    """The tensors the fused FFN half reads, checked once by `ffn_tensors`, not copied.
+    """The tensors the fused FFN half reads, checked once by
+    `ffn_tensors`, not copied.
 
     The one place where the checkpoint's names meet the kernels' arguments:
-    `norm_weight` is `post_attention_layernorm.weight` [d] (bf16) and `eps` its epsilon;
-    `gate`, `up`, `down` are `mlp.gate_proj.weight`, `mlp.up_proj.weight` [F, d] and
-    `mlp.down_proj.weight` [d, F] (float8_e4m3fn); each `*_scale` is the matching
-    `weight_scale_inv` (float32, one per 128 x 128 block)."""
+    `norm_weight` is `post_attention_layernorm.weight` [d] (bf16) and `eps` its
+    epsilon; `gate`, `up`, `down` are `mlp.gate_proj.weight`,
+    `mlp.up_proj.weight` [F, d] and `mlp.down_proj.weight` [d, F]
+    (float8_e4m3fn); each `*_scale` is the matching `weight_scale_inv`
+    (float32, one per 128 x 128 block)."""
     norm_weight: torch.Tensor
     eps: float
     gate: torch.Tensor
@@ -52,9 +57,10 @@ class FfnTensors:
         return self.gate.shape[0]
 
 # %% ../book/10_fused_mlp.ipynb #7c6a1d2e
-def _computes_rms_norm(norm: nn.Module, gain: torch.Tensor, eps: float) -> bool:
-    """Whether `norm` gives `rms_norm(x, gain, eps)` bit for bit on a seeded bf16 probe:
-    64 tokens at scales from 1e-3 to 1e3, the first all zero."""
+def _computes_rms_norm(norm: nn.Module, gain: torch.Tensor,
+                       eps: float) -> bool:
+    """Whether `norm` gives `rms_norm(x, gain, eps)` bit for bit on a seeded
+    bf16 probe: 64 tokens at scales from 1e-3 to 1e3, the first all zero."""
     g = torch.Generator(device=gain.device).manual_seed(0)
     x = torch.randn(64, gain.shape[0], generator=g, device=gain.device)
     x = x * torch.logspace(-3, 3, 64, device=gain.device)[:, None]
@@ -62,65 +68,77 @@ def _computes_rms_norm(norm: nn.Module, gain: torch.Tensor, eps: float) -> bool:
     x = x.to(torch.bfloat16)
     with torch.no_grad():
         y, ref = norm(x), rms_norm(x, gain, eps)
-    return (isinstance(y, torch.Tensor) and y.shape == x.shape and y.dtype == ref.dtype
-            and bool(((y == ref) | (y.isnan() & ref.isnan())).all()))  # eps 0: 0/0
+    return (isinstance(y, torch.Tensor) and y.shape == x.shape
+            and y.dtype == ref.dtype                       # eps 0: 0/0 below
+            and bool(((y == ref) | (y.isnan() & ref.isnan())).all()))
 
-
+# %% ../book/10_fused_mlp.ipynb #7c6a1ds1
 def _checked_norm(norm: nn.Module) -> tuple[torch.Tensor, float]:
-    "The gain and eps of `block.post_attention_layernorm`, which must compute rms_norm."
+    """The gain and eps of `block.post_attention_layernorm`, which must
+    compute rms_norm."""
     gain = getattr(norm, "weight", None)
-    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))  # ours, HF's
+    # `eps` in ours, `variance_epsilon` in HF's
+    eps = getattr(norm, "eps", getattr(norm, "variance_epsilon", None))
     if not isinstance(gain, torch.Tensor) or gain.dim() != 1:
-        got = list(gain.shape) if torch.is_tensor(gain) else type(gain).__name__
-        raise ValueError("block.post_attention_layernorm.weight: expected a 1-d gain "
-                         f"[d], got {got}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
-        raise ValueError(f"block.post_attention_layernorm.eps: expected a number >= 0, "
-                         f"got {eps!r}")
-    if type(norm) is not RMSNorm and not _computes_rms_norm(norm, gain, float(eps)):
-        raise TypeError("block.post_attention_layernorm: expected kimi_mlp's RMSNorm "
-                        "(or a module whose output is rms_norm's, bit for bit, which "
-                        "the kernels compute), got "
+        got = (list(gain.shape) if torch.is_tensor(gain)
+               else type(gain).__name__)
+        raise ValueError("block.post_attention_layernorm.weight: expected a "
+                         f"1-d gain [d], got {got}")
+    if (isinstance(eps, bool) or not isinstance(eps, (int, float))
+            or not eps >= 0):
+        raise ValueError("block.post_attention_layernorm.eps: expected a "
+                         f"number >= 0, got {eps!r}")
+    if (type(norm) is not RMSNorm
+            and not _computes_rms_norm(norm, gain, float(eps))):
+        raise TypeError("block.post_attention_layernorm: expected kimi_mlp's "
+                        "RMSNorm (or a module whose output is rms_norm's, bit "
+                        "for bit, which the kernels compute), got "
                         f"{type(norm).__name__}, whose output differs")
     return gain, float(eps)
 
 # %% ../book/10_fused_mlp.ipynb #2f4e8b90
-def _checked_weight(mlp: nn.Module, name: str, d: int, f: int, device) -> tuple:
-    "`block.mlp.<name>`'s e4m3 weight and float32 block scales, checked, not read."
+def _checked_weight(mlp: nn.Module, name: str, d: int, f: int,
+                    device) -> tuple:
+    """`block.mlp.<name>`'s e4m3 weight and float32 block scales,
+    checked, not read."""
     shape = (d, f) if name == "down_proj" else (f, d)
     w, s = getattr(mlp, name).weight, getattr(mlp, name).weight_scale_inv
     scales = (math.ceil(shape[0] / 128), math.ceil(shape[1] / 128))
     if w.dtype != FP8_DTYPE or tuple(w.shape) != shape:
         raise ValueError(f"block.mlp.{name}.weight: expected {list(shape)} "
-                         f"torch.float8_e4m3fn (hidden_size {d}, intermediate_size "
-                         f"{f}), got {list(w.shape)} {w.dtype}")
+                         f"torch.float8_e4m3fn (hidden_size {d}, "
+                         f"intermediate_size {f}), got {list(w.shape)} "
+                         f"{w.dtype}")
     if s.dtype != torch.float32 or tuple(s.shape) != scales:
         raise ValueError(f"block.mlp.{name}.weight_scale_inv: expected "
                          f"{list(scales)} torch.float32, got {list(s.shape)} "
                          f"{s.dtype}")
-    if not (w.is_contiguous() and s.is_contiguous()):    # the kernels assume it
-        raise ValueError(f"block.mlp.{name}: expected contiguous tensors, got strides "
-                         f"{w.stride()} (weight), {s.stride()} (weight_scale_inv)")
+    if not (w.is_contiguous() and s.is_contiguous()):  # the kernels assume it
+        raise ValueError(f"block.mlp.{name}: expected contiguous tensors, got "
+                         f"strides {w.stride()} (weight), {s.stride()} "
+                         "(weight_scale_inv)")
     if w.device != device or s.device != device:
         raise ValueError(f"block.mlp.{name}: expected its tensors on {device} "
-                         f"(the norm gain's device), got weight on {w.device}, "
-                         f"weight_scale_inv on {s.device}")
+                         "(the norm gain's device), got weight on "
+                         f"{w.device}, weight_scale_inv on {s.device}")
     return w, s
 
 # %% ../book/10_fused_mlp.ipynb #a8c41e07
 def ffn_tensors(block: nn.Module) -> FfnTensors:
-    """The tensors the fused FFN half reads from `block`, checked without reading their
-    data: a `ResidualBlock` (or `FusedFp8DenseMLP`) whose `post_attention_layernorm`
-    computes rms_norm and whose `mlp` is an `Fp8DenseMLP` with 128 x 128 blocks."""
+    """The tensors the fused FFN half reads from `block`, checked without
+    reading their data: a `ResidualBlock` (or `FusedFp8DenseMLP`) whose
+    `post_attention_layernorm` computes rms_norm and whose `mlp` is an
+    `Fp8DenseMLP` with 128 x 128 blocks."""
     norm = getattr(block, "post_attention_layernorm", None)
     mlp = getattr(block, "mlp", None)
     if not isinstance(norm, nn.Module) or not isinstance(mlp, nn.Module):
-        raise TypeError("block: expected a ResidualBlock with post_attention_layernorm "
-                        "and mlp modules (what load_dense_block returns), got "
+        raise TypeError("block: expected a ResidualBlock with "
+                        "post_attention_layernorm and mlp modules (what "
+                        "load_dense_block returns), got "
                         f"{type(block).__name__}")
     if not isinstance(mlp, Fp8DenseMLP):
-        raise TypeError(f"block.mlp: expected an Fp8DenseMLP (FP8 weights with block "
-                        f"scales), got {type(mlp).__name__}")
+        raise TypeError("block.mlp: expected an Fp8DenseMLP (FP8 weights "
+                        f"with block scales), got {type(mlp).__name__}")
     if tuple(mlp.block_size) != (128, 128):
         raise ValueError(f"block.mlp.block_size: expected (128, 128), got "
                          f"{tuple(mlp.block_size)}")
@@ -128,7 +146,8 @@ def ffn_tensors(block: nn.Module) -> FfnTensors:
     d, f = gain.shape[0], mlp.gate_proj.weight.shape[0]
     w = {name: _checked_weight(mlp, name, d, f, gain.device)
          for name in ("gate_proj", "up_proj", "down_proj")}
-    return FfnTensors(gain, eps, *w["gate_proj"], *w["up_proj"], *w["down_proj"])
+    return FfnTensors(gain, eps, *w["gate_proj"], *w["up_proj"],
+                      *w["down_proj"])
 
 # %% ../book/10_fused_mlp.ipynb #bedc3035
 def _check_hidden(h, d: int, device: torch.device) -> None:
@@ -136,42 +155,46 @@ def _check_hidden(h, d: int, device: torch.device) -> None:
     if not isinstance(h, torch.Tensor):
         raise TypeError(f"h: expected a torch.Tensor, got {type(h).__name__}")
     if h.dtype != torch.bfloat16:
-        raise ValueError(f"h: expected torch.bfloat16 (the residual stream's dtype), "
-                         f"got {h.dtype}")
+        raise ValueError("h: expected torch.bfloat16 (the residual stream's "
+                         f"dtype), got {h.dtype}")
     if h.dim() not in (2, 3) or h.shape[-1] != d:
-        raise ValueError(f"h: expected [B, T, {d}] or [M, {d}] (hidden_size {d}), got "
-                         f"shape {list(h.shape)}")
+        raise ValueError(f"h: expected [B, T, {d}] or [M, {d}] (hidden_size "
+                         f"{d}), got shape {list(h.shape)}")
     if h.device != device:
-        raise ValueError(f"h: expected a tensor on {device} (the weights' device), got "
-                         f"{h.device}")
+        raise ValueError(f"h: expected a tensor on {device} (the weights' "
+                         f"device), got {h.device}")
     if h.requires_grad and torch.is_grad_enabled():
         raise ValueError("h: expected no autograd (the fused kernels have no "
-                         "backward), got a tensor that requires grad; call under "
-                         "torch.no_grad() or pass h.detach()")
+                         "backward), got a tensor that requires grad; call "
+                         "under torch.no_grad() or pass h.detach()")
 
 # %% ../book/10_fused_mlp.ipynb #b3e90d52
 def fused_ffn_block(h: torch.Tensor, block: nn.Module) -> torch.Tensor:
-    """The FFN half of a Kimi K2 dense block, `h + mlp(post_attention_layernorm(h))`.
+    """The FFN half of a Kimi K2 dense block,
+    `h + mlp(post_attention_layernorm(h))`.
 
-    h: [B, T, d] or [M, d] bf16 (d = 7168 in Kimi K2) on the block's device; block: what
-    `load_dense_block` returns (see `ffn_tensors`), or a `FusedFp8DenseMLP`. Returns a
-    new tensor of h's shape, bf16. Launches, on a GPU with e4m3 and in the interpreter:
-    `rmsnorm_quant`, then `fp8_gate_up_swiglu_quant`, then `fp8_down_residual` (chapters
-    7 and 9). Numerics: those of `Fp8DenseMLP` in mode "w8a8" (per-token 1 x 128 e4m3
-    activations, 128 x 128 weight blocks, float32 accumulation), rounded like it: the
-    MLP output to bf16, then `h + y` to bf16. On a GPU without e4m3: appendix H's W8A16
-    launches, the numerics of mode "w8a16" (`FusedFp8DenseMLP`'s `mode`). Called
-    with a block, it checks the block on every call; a `FusedFp8DenseMLP` checks it
-    once."""
-    fused = block if isinstance(block, FusedFp8DenseMLP) else FusedFp8DenseMLP(block)
+    h: [B, T, d] or [M, d] bf16 (d = 7168 in Kimi K2) on the block's device;
+    block: what `load_dense_block` returns (see `ffn_tensors`), or a
+    `FusedFp8DenseMLP`. Returns a new tensor of h's shape, bf16. Launches, on
+    a GPU with e4m3 and in the interpreter: `rmsnorm_quant`, then
+    `fp8_gate_up_swiglu_quant`, then `fp8_down_residual` (chapters 7 and 9).
+    Numerics: those of `Fp8DenseMLP` in mode "w8a8" (per-token 1 x 128 e4m3
+    activations, 128 x 128 weight blocks, float32 accumulation), rounded like
+    it: the MLP output to bf16, then `h + y` to bf16. On a GPU without e4m3:
+    appendix H's W8A16 launches, the numerics of mode "w8a16"
+    (`FusedFp8DenseMLP`'s `mode`). Called with a block, it checks the block
+    on every call; a `FusedFp8DenseMLP` checks it once."""
+    fused = (block if isinstance(block, FusedFp8DenseMLP)
+             else FusedFp8DenseMLP(block))
     return fused(h)
 
 # %% ../book/10_fused_mlp.ipynb #5d0b3c62
 def _scratch(m: int, d: int, f: int, plans, device) -> tuple:
-    """The intermediates of one call for m tokens: x (e4m3, and its bytes as the kernels
-    write them), its scales, the same for the gated product p, and for each GEMM the
-    split-K partials and the tiles' arrival counters (None, None with one slice). The
-    counters are zeroed here, once: every launch leaves them zero."""
+    """The intermediates of one call for m tokens: x (e4m3, and its bytes as
+    the kernels write them), its scales, the same for the gated product p, and
+    for each GEMM the split-K partials and the tiles' arrival counters (None,
+    None with one slice). The counters are zeroed here, once: every launch
+    leaves them zero."""
     def empty(*shape, dtype=torch.float32):
         return torch.empty(*shape, dtype=dtype, device=device)
 
@@ -188,24 +211,29 @@ def _scratch(m: int, d: int, f: int, plans, device) -> tuple:
 
 # %% ../book/10_fused_mlp.ipynb #5d0b3cs2
 def _ffn_launches(rows, t: FfnTensors, weights, plans, scratch):
-    """The launches of the FFN half on contiguous [M, d] bf16 rows, no checks: t the
-    block's tensors, weights (gate, up, down) as the kernels read them
-    (`kernels._weight_operands`), plans the two GEMMs' (`kernels._plan_for`), scratch
-    the intermediates (`_scratch`). Three launches, split or not (split-K's sums are
-    folded into the GEMMs). Returns a new [M, d] bf16 tensor."""
+    """The launches of the FFN half on contiguous [M, d] bf16 rows, no checks:
+    t the block's tensors, weights (gate, up, down) as the kernels read them
+    (`kernels._weight_operands`), plans the two GEMMs' (`kernels._plan_for`),
+    scratch the intermediates (`_scratch`). Three launches, split or not
+    (split-K's sums are folded into the GEMMs). Returns a new [M, d]
+    bf16 tensor."""
     x, x_codes, x_scale, p, p_codes, p_scale, *split = scratch
     (gate, up, down), (plan_gu, plan_dn) = weights, plans
     part_gu, cnt_gu, part_dn, cnt_dn = split
-    kernels._launch_rmsnorm_quant(rows, t.norm_weight, t.eps, x_codes, x_scale)  # 1
-    kernels._launch_gate_up(x, x_scale, gate, t.gate_scale, up, t.up_scale,  # 2
-                            p_codes, p_scale, None, plan_gu, part_gu, counters=cnt_gu)
+    # 1
+    kernels._launch_rmsnorm_quant(rows, t.norm_weight, t.eps, x_codes, x_scale)
+    # 2
+    kernels._launch_gate_up(x, x_scale, gate, t.gate_scale, up, t.up_scale,
+                            p_codes, p_scale, None, plan_gu, part_gu,
+                            counters=cnt_gu)
     out = torch.empty_like(rows)
     return kernels._launch_gemm(p, p_scale, down, t.down_scale, out, rows,  # 3
                                 plan_dn, part_dn, cnt_dn)
 
 # %% ../book/10_fused_mlp.ipynb #d3e4ed3d
 def _w8a16_scratch(m: int, d: int, f: int, plans, device, dtype) -> tuple:
-    "The W8A16 intermediates for m tokens: x and p in `dtype`, split-K's partials."
+    """The W8A16 intermediates for m tokens: x and p in `dtype`,
+    split-K's partials."""
     def empty(*shape, dtype=torch.float32):
         return torch.empty(*shape, dtype=dtype, device=device)
 
@@ -217,43 +245,51 @@ def _w8a16_scratch(m: int, d: int, f: int, plans, device, dtype) -> tuple:
 
 def _w8a16_launches(rows, t: FfnTensors, weights, plans, scratch):
     """The W8A16 launches of the FFN half (appendix H) on contiguous [M, d]
-    bf16 rows, no checks: weights the codes as uint8, scratch `_w8a16_scratch`'s.
-    Returns a new [M, d] bf16 tensor."""
+    bf16 rows, no checks: weights the codes as uint8, scratch
+    `_w8a16_scratch`'s. Returns a new [M, d] bf16 tensor."""
     x, p, part_gu, part_dn = scratch
     (gate, up, down), (plan_gu, plan_dn) = weights, plans
-    kernels._launch_w8a16_norm(rows, t.norm_weight, t.eps, x)                 # 1
-    kernels._launch_w8a16_gate_up(x, gate, t.gate_scale, up, t.up_scale, p,   # 2
+    # 1
+    kernels._launch_w8a16_norm(rows, t.norm_weight, t.eps, x)
+    # 2
+    kernels._launch_w8a16_gate_up(x, gate, t.gate_scale, up, t.up_scale, p,
                                   plan_gu, part_gu)
     out = torch.empty_like(rows)
-    return kernels._launch_w8a16_gemm(p, down, t.down_scale, out, rows,       # 3
+    # 3
+    return kernels._launch_w8a16_gemm(p, down, t.down_scale, out, rows,
                                       plan_dn, part_dn)
 
 # %% ../book/10_fused_mlp.ipynb #0d77f80e
-#: Up to this many tokens, FusedFp8DenseMLP keeps plans and intermediates between calls.
+#: Up to this many tokens, FusedFp8DenseMLP keeps plans and intermediates
+#: between calls.
 SCRATCH_MAX_M = 256
 
 
 def _plans_and_scratch(t: FfnTensors, m: int, w8a16_dtype=None,
                        num_sms: int | None = None) -> tuple:
-    """The two GEMMs' plans (chapter 8 and appendix H) and the intermediates for m
-    tokens, with the 32-bit offset guard checked before the first launch; `w8a16_dtype`:
-    the W8A16 launches' activations (None: the FP8 launches); `num_sms`: plan for that
-    many SMs (None: the device's)."""
+    """The two GEMMs' plans (chapter 8 and appendix H) and the intermediates
+    for m tokens, with the 32-bit offset guard checked before the first
+    launch; `w8a16_dtype`: the W8A16 launches' activations (None: the FP8
+    launches); `num_sms`: plan for that many SMs (None: the device's)."""
     d, f, dev = t.hidden_size, t.intermediate_size, t.norm_weight.device
     if m * max(d, f) >= 2**31:
-        kernels._check_offsets("h", f"[{m}, {d}] through the intermediate [M, {f}]",
+        kernels._check_offsets("h",
+                               f"[{m}, {d}] through the intermediate [M, {f}]",
                                m * max(d, f))
     if w8a16_dtype is not None:
-        plans = (kernels._w8a16_plan_for("gate_up", m, f, d, dev, num_sms=num_sms),
-                 kernels._w8a16_plan_for("down", m, d, f, dev, num_sms=num_sms))
+        plans = (kernels._w8a16_plan_for("gate_up", m, f, d, dev,
+                                         num_sms=num_sms),
+                 kernels._w8a16_plan_for("down", m, d, f, dev,
+                                         num_sms=num_sms))
         return plans, _w8a16_scratch(m, d, f, plans, dev, w8a16_dtype)
     plans = (kernels._plan_for("gate_up", m, f, d, dev, num_sms=num_sms),
              kernels._plan_for("down", m, d, f, dev, num_sms=num_sms))
     return plans, _scratch(m, d, f, plans, dev)
 
 # %% ../book/10_fused_mlp.ipynb #f5a7b9c1
-#: By default FusedFp8DenseMLP keeps the intermediates of at most this many token
-#: counts, and of at most this many bytes in all; the least recently used go first.
+#: By default FusedFp8DenseMLP keeps the intermediates of at most this many
+#: token counts, and of at most this many bytes in all; the least recently
+#: used go first.
 CACHE_ENTRIES, CACHE_BYTES = 32, 256 * 2**20
 
 
@@ -266,24 +302,28 @@ def _nbytes(tensors) -> int:
 
 def kept_bytes(m: int, hidden_size: int = 7168, intermediate_size: int = 18432,
                w8a16_dtype=None, num_sms: int = 132) -> int:
-    """Bytes of the intermediates FusedFp8DenseMLP keeps for m tokens, with the plans
-    for `num_sms` SMs (132: an H200); made on the meta device, nothing allocated."""
-    d, f = hidden_size, intermediate_size                  # what the plans read:
-    t = FfnTensors(torch.empty(d, device="meta"), 0.0,      # the widths, the device
+    """Bytes of the intermediates FusedFp8DenseMLP keeps for m tokens, with the
+    plans for `num_sms` SMs (132: an H200); made on the meta device,
+    nothing allocated."""
+    # what the plans read: the widths, the device
+    d, f = hidden_size, intermediate_size
+    t = FfnTensors(torch.empty(d, device="meta"), 0.0,
                    torch.empty(f, d, device="meta"), *[None] * 5)
     return _nbytes(_plans_and_scratch(t, m, w8a16_dtype, num_sms)[1])
 
 # %% ../book/10_fused_mlp.ipynb #f5a7b9c2
 def _prepared(launches, rows, out, kept) -> tuple | None:
-    """A call's launches (`kernels.recording`) as the next call with as many rows makes
-    them: an argument that is `rows` or `out` (or a contiguous view of one) becomes a
-    slot for that call's, every other tensor must be one the module keeps (`kept`: the
-    intermediates, the weights and their descriptors, the block's tensors). None when
-    one is not (nothing is then reused), when a TMA descriptor or a strided view is
-    made on `rows` or `out`, or when `out` is not among them. The slots hold None: the
-    first call's rows and output are not kept alive."""
-    base = lambda a: getattr(a, "base", a)                 # a TMA descriptor's tensor
-    kept_at = {t.data_ptr() for t in map(base, kept) if isinstance(t, torch.Tensor)}
+    """A call's launches (`kernels.recording`) as the next call with as many
+    rows makes them: an argument that is `rows` or `out` (or a contiguous view
+    of one) becomes a slot for that call's, every other tensor must be one the
+    module keeps (`kept`: the intermediates, the weights and their descriptors,
+    the block's tensors). None when one is not (nothing is then reused), when a
+    TMA descriptor or a strided view is made on `rows` or `out`, or when `out`
+    is not among them. The slots hold None: the first call's rows and output
+    are not kept alive."""
+    base = lambda a: getattr(a, "base", a)        # a TMA descriptor's tensor
+    kept_at = {t.data_ptr() for t in map(base, kept)
+               if isinstance(t, torch.Tensor)}
     slots_of = {(t.data_ptr(), t.nbytes): i for i, t in enumerate((rows, out))}
     made, written = [], False
     for kernel, grid, args, kwargs in launches:
@@ -298,8 +338,8 @@ def _prepared(launches, rows, out, kept) -> tuple | None:
                     return None                  # made for this call only
                 continue
             if t is not a or not t.is_contiguous():
-                return None                      # a descriptor or a strided view
-            own = (rows, out)[which]             # as a view: its dtype, its shape
+                return None              # a descriptor or a strided view
+            own = (rows, out)[which]     # as a view: its dtype, its shape
             slots.append((j, which, None if t.dtype == own.dtype else t.dtype,
                           None if t.shape == own.shape else tuple(t.shape)))
             args[j], written = None, written or which == 1
@@ -313,7 +353,8 @@ def _replayed(prepared, rows: torch.Tensor) -> torch.Tensor:
     "The launches `_prepared` kept, on the new `rows`, into a new output."
     made, dtype, shape = prepared
     same = dtype == rows.dtype and shape == rows.shape
-    out = torch.empty_like(rows) if same else rows.new_empty(shape, dtype=dtype)
+    out = (torch.empty_like(rows) if same
+           else rows.new_empty(shape, dtype=dtype))
     for kernel, grid, args, kwargs, slots in made:
         if slots:
             args = list(args)
@@ -326,12 +367,13 @@ def _replayed(prepared, rows: torch.Tensor) -> torch.Tensor:
 
 
 class _KeptScratch:
-    """The per-M cache of `FusedFp8DenseMLP`: the plans and intermediates of at most
-    `cache_entries` token counts (each up to SCRATCH_MAX_M) and `cache_bytes` bytes,
-    in `_per_m`, least recently used first, and each one's launches as the first call
-    made them (`_replays`: `_prepared`, or False where it refused), which later calls
-    make again. Inside chapter 7's `compile_only`, or a stub that plans for a target,
-    the key is (m, that target): what is kept for one GPU never serves another."""
+    """The per-M cache of `FusedFp8DenseMLP`: the plans and intermediates of at
+    most `cache_entries` token counts (each up to SCRATCH_MAX_M) and
+    `cache_bytes` bytes, in `_per_m`, least recently used first, and each one's
+    launches as the first call made them (`_replays`: `_prepared`, or False
+    where it refused), which later calls make again. Inside chapter 7's
+    `compile_only`, or a stub that plans for a target, the key is (m, that
+    target): what is kept for one GPU never serves another."""
     _t: FfnTensors
     act_dtype: torch.dtype | None
     _graphs: dict
@@ -358,13 +400,14 @@ class _KeptScratch:
         return entry
 
     def _prepare(self, m: int, keep: bool = True, key=None):
-        """Plans and intermediates for m tokens, kept under `key` (None: m) for the
-        next call within the bounds (calls must then come one at a time, on one CUDA
-        stream)."""
+        """Plans and intermediates for m tokens, kept under `key` (None: m) for
+        the next call within the bounds (calls must then come one at a time, on
+        one CUDA stream)."""
         key = m if key is None else key
         entry = _plans_and_scratch(self._t, m, self.act_dtype)
         size = _nbytes(entry[1]) if keep and m <= SCRATCH_MAX_M else None
-        if size is not None and size <= self.cache_bytes and self.cache_entries:
+        if (size is not None and size <= self.cache_bytes
+                and self.cache_entries):
             self._per_m[key], self._sizes[key] = entry, size
             while (len(self._per_m) > self.cache_entries
                    or sum(self._sizes.values()) > self.cache_bytes):
@@ -372,9 +415,11 @@ class _KeptScratch:
         return entry
 
     def _launch(self, m: int, rows: torch.Tensor) -> torch.Tensor:
-        """The launches on [m, d] rows, with the intermediates kept for m or new ones;
-        for a kept m after its first call, the launches that call made (`_replayed`)."""
-        target = getattr(kernels._MODE.get(), "target", None)    # compile_only, stubs
+        """The launches on [m, d] rows, with the intermediates kept for m or
+        new ones; for a kept m after its first call, the launches that call
+        made (`_replayed`)."""
+        # compile_only, stubs
+        target = getattr(kernels._MODE.get(), "target", None)
         key = m if target is None else (m, target)
         kept = self._kept(key)
         replay = self._replays.get(key) if kept is not None else None
@@ -382,18 +427,24 @@ class _KeptScratch:
             if replay:
                 return _replayed(replay, rows)
             plans, scratch = kept or self._prepare(m, key=key)
-            if key not in self._per_m or key in self._replays:   # not kept, or refused
-                return self._launches(rows, self._t, self._weights, plans, scratch)
+            # not kept, or refused
+            if key not in self._per_m or key in self._replays:
+                return self._launches(rows, self._t, self._weights, plans,
+                                      scratch)
             with kernels.recording() as made:
-                out = self._launches(rows, self._t, self._weights, plans, scratch)
+                out = self._launches(rows, self._t, self._weights, plans,
+                                     scratch)
             t = self._t
             kept_tensors = (*scratch, *self._weights, t.norm_weight, t.gate,
-                            t.gate_scale, t.up, t.up_scale, t.down, t.down_scale)
+                            t.gate_scale, t.up, t.up_scale, t.down,
+                            t.down_scale)
             self._replays[key] = _prepared(made.launches, rows, out,
                                            kept_tensors) or False
             return out
-        except BaseException:   # cut short (an error, Ctrl-C): split-K's counters may
-            self._drop(key)                 # be mid-count, so these are never reused
+        except BaseException:
+            # cut short (an error, Ctrl-C): split-K's counters may be
+            # mid-count, so these are never reused
+            self._drop(key)
             raise
 
     def _drop(self, key) -> None:
@@ -402,10 +453,12 @@ class _KeptScratch:
         self._replays.pop(key, None)
 
     def cache_info(self) -> dict:
-        "What is kept: token counts, their bytes, the bounds, the CUDA graphs' M."
+        """What is kept: token counts, their bytes, the bounds, the
+        CUDA graphs' M."""
         return {"ms": list(self._per_m), "bytes": sum(self._sizes.values()),
                 "cache_entries": self.cache_entries,
-                "cache_bytes": self.cache_bytes, "graphs": sorted(self._graphs)}
+                "cache_bytes": self.cache_bytes,
+                "graphs": sorted(self._graphs)}
 
     def clear_cache(self) -> None:
         "Free the kept plans and intermediates, and the CUDA graphs."
@@ -416,35 +469,39 @@ class _KeptScratch:
 
 # %% ../book/10_fused_mlp.ipynb #7fed3f7d
 def _choose_mode(device: torch.device, mode=None, act_dtype=None) -> tuple:
-    """The launches for a block on `device`, as (mode, activations' dtype): "w8a8",
-    the FP8 launches (dtype None), or "w8a16", appendix H's launches (bf16 or fp16).
-    None picks by GPU family (`kernels.device_arch`): W8A16 where there is no e4m3
-    type or where an `act_dtype` is given, in fp16 on Turing (whose hardware has fp16
-    and no bf16 arithmetic) and bf16 elsewhere."""
+    """The launches for a block on `device`, as (mode, activations' dtype):
+    "w8a8", the FP8 launches (dtype None), or "w8a16", appendix H's launches
+    (bf16 or fp16). None picks by GPU family (`kernels.device_arch`): W8A16
+    where there is no e4m3 type or where an `act_dtype` is given,
+    in fp16 on Turing (whose hardware has fp16 and no bf16 arithmetic) and
+    bf16 elsewhere."""
     if mode not in (None, "w8a8", "w8a16"):
-        raise ValueError(f"mode: expected None, 'w8a8' or 'w8a16', got {mode!r}")
+        raise ValueError("mode: expected None, 'w8a8' or 'w8a16', got "
+                         f"{mode!r}")
     if act_dtype not in (None, torch.bfloat16, torch.float16):
-        raise ValueError(f"act_dtype: expected None, torch.bfloat16 or torch.float16, "
-                         f"got {act_dtype!r}")
+        raise ValueError("act_dtype: expected None, torch.bfloat16 or "
+                         f"torch.float16, got {act_dtype!r}")
     arch = kernels.device_arch(device)
     no_e4m3 = not gpus.family(arch).e4m3
     mode = mode or ("w8a16" if no_e4m3 or act_dtype is not None else "w8a8")
     if mode == "w8a8" and no_e4m3:
-        raise RuntimeError(f"mode: 'w8a8' needs an e4m3 type (compute capability 8.9 "
-                           f"or more), which {kernels.device_label(device)} lacks; use "
+        raise RuntimeError("mode: 'w8a8' needs an e4m3 type (compute "
+                           "capability 8.9 or more), which "
+                           f"{kernels.device_label(device)} lacks; use "
                            "'w8a16' or None")
     if mode == "w8a8":
         if act_dtype is not None:
-            raise ValueError(f"act_dtype: expected None with mode 'w8a8' (the FP8 "
-                             f"launches quantize), got {act_dtype}")
+            raise ValueError("act_dtype: expected None with mode 'w8a8' (the "
+                             f"FP8 launches quantize), got {act_dtype}")
         return mode, None
     return mode, act_dtype or (torch.float16 if gpus.family(arch).path == "FMA"
                              else torch.bfloat16)
 
 
 def _weights_and_launches(t: FfnTensors, mode: str) -> tuple:
-    """The weights as `mode`'s launches read them (TMA descriptors where chapters 8 and
-    9 use them; the codes as bytes for W8A16), and the launches."""
+    """The weights as `mode`'s launches read them (TMA descriptors where
+    chapters 8 and 9 use them; the codes as bytes for W8A16), and the
+    launches."""
     if mode == "w8a16":
         codes = tuple(w.view(torch.uint8) for w in (t.gate, t.up, t.down))
         return codes, _w8a16_launches
@@ -453,11 +510,12 @@ def _weights_and_launches(t: FfnTensors, mode: str) -> tuple:
 
 # %% ../book/10_fused_mlp.ipynb #22db593c
 def _member(module: nn.Module, name: str):
-    """`getattr(module, name)` for a registered parameter, buffer or submodule, read
-    from the module's own tables. nn.Module finds those in its `__getattr__`, which
-    Python calls only after its own lookup has failed (about 0.7 µs a name, against
-    some 30 ns for a dict); nn.Module keeps a registered name out of the instance's
-    `__dict__` and off the class, so both ways find the same object."""
+    """`getattr(module, name)` for a registered parameter, buffer or submodule,
+    read from the module's own tables. nn.Module finds those in its
+    `__getattr__`, which Python calls only after its own lookup has failed
+    (about 0.7 µs a name, against some 30 ns for a dict); nn.Module keeps a
+    registered name out of the instance's `__dict__` and off the class, so both
+    ways find the same object."""
     tables = module.__dict__
     for key in ("_parameters", "_buffers", "_modules"):
         if name in tables[key]:
@@ -478,10 +536,12 @@ _PROJ = ("gate_proj", "up_proj", "down_proj")
 
 
 def _fingerprint(module: nn.Module) -> tuple:
-    """What `_CheckedOnce` built its cache from, as it is now: the norm module and its
-    eps and, for each of the seven tensors, the object, address, shape and strides.
-    Every call computes it, so it reads the modules' tables directly (`_member`)."""
-    norm, mlp = _member(module, "post_attention_layernorm"), _member(module, "mlp")
+    """What `_CheckedOnce` built its cache from, as it is now: the norm module
+    and its eps and, for each of the seven tensors, the object, address, shape
+    and strides. Every call computes it, so it reads the modules' tables
+    directly (`_member`)."""
+    norm, mlp = (_member(module, "post_attention_layernorm"),
+                 _member(module, "mlp"))
     tensors = [_member(norm, "weight")]
     for name in _PROJ:
         proj = _member(mlp, name)
@@ -496,9 +556,10 @@ GAIN_DTYPES = (torch.bfloat16, torch.float32)
 
 @contextlib.contextmanager
 def _gain_cast(norm: nn.Module | None, follow=GAIN_DTYPES):
-    """While nn.Module applies a cast or a move inside, `norm`'s gain follows a cast
-    to a dtype in `follow`; to another it keeps its values and dtype, and only moves
-    (the same Parameter object, its data put back from a [d] copy)."""
+    """While nn.Module applies a cast or a move inside, `norm`'s gain follows a
+    cast to a dtype in `follow`; to another it keeps its values and dtype, and
+    only moves (the same Parameter object, its data put back from a
+    [d] copy)."""
     gain = getattr(norm, "weight", None)
     kept = gain.detach() if isinstance(gain, torch.Tensor) else None
     yield
@@ -507,58 +568,81 @@ def _gain_cast(norm: nn.Module | None, follow=GAIN_DTYPES):
             and now.dtype != kept.dtype and now.dtype not in follow:
         now.data = kept.to(now.device)
 
-# %% ../book/10_fused_mlp.ipynb #c61f2a9d
-class _CheckedOnce(_KeptScratch, nn.Module):
-    """What `FusedFp8DenseMLP` keeps between calls: the block's submodules (shared), its
-    tensors checked (`_t`), the launches and the weights they read (`_weights`), plans
-    and scratch per M (`_KeptScratch`), CUDA graphs and the `_fingerprint` (`_seen`)."""
-
-    def __init__(self, block: nn.Module, mode: str | None = None, act_dtype=None, *,
-                 cache_entries: int | None = None, cache_bytes: int | None = None):
-        super().__init__()
-        self._new_cache(cache_entries, cache_bytes)
-        gain = getattr(getattr(block, "post_attention_layernorm", None), "weight", None)
-        if isinstance(gain, torch.Tensor):   # a GPU below 7.5, a mode it cannot run:
-            _choose_mode(gain.device, mode, act_dtype)     # refused in one line, first
-        ffn_tensors(block)                                   # refuse a bad block first
-        self._asked = (mode, act_dtype)
-        self.post_attention_layernorm = block.post_attention_layernorm
-        self.mlp = block.mlp
-        self.config = getattr(block, "config", None)
-        self._bind()
-        self.register_load_state_dict_post_hook(lambda module, keys: module._bind())
+# %% ../book/10_fused_mlp.ipynb #c61f2a9a
+class _Bound(_KeptScratch, nn.Module):
+    """What every call of `FusedFp8DenseMLP` reads, cached by `_bind` from the
+    tensors it checks, and bound again after a cast or a move (`_apply`)."""
 
     def _bind(self):
-        "Check the tensors and cache what every call reads; drop what was kept."
+        """Check the tensors and cache what every call reads; drop what
+        was kept."""
         self._t = t = ffn_tensors(self)
-        self.hidden_size, self.intermediate_size = t.hidden_size, t.intermediate_size
-        self.mode, self.act_dtype = _choose_mode(t.norm_weight.device, *self._asked)
+        self.hidden_size, self.intermediate_size = (t.hidden_size,
+                                                    t.intermediate_size)
+        self.mode, self.act_dtype = _choose_mode(t.norm_weight.device,
+                                                 *self._asked)
         self._weights, self._launches = _weights_and_launches(t, self.mode)
         self._graphs, self._seen = {}, _fingerprint(self)
         self._new_cache()
 
-    def _apply(self, fn, *args, **kwargs):                   # .to(), .cuda(), ...
+    def _apply(self, fn, *args, **kwargs):                # .to(), .cuda(), ...
         with _gain_cast(self.post_attention_layernorm):
             super()._apply(fn, *args, **kwargs)
         self._bind()
         return self
 
+# %% ../book/10_fused_mlp.ipynb #c61f2a9d
+class _CheckedOnce(_Bound):
+    """What `FusedFp8DenseMLP` keeps between calls: the block's submodules
+    (shared), its tensors checked (`_t`), the launches and the weights they
+    read (`_weights`), plans and scratch per M (`_KeptScratch`), CUDA graphs
+    and the `_fingerprint` (`_seen`)."""
+
+    def __init__(self, block: nn.Module, mode: str | None = None,
+                 act_dtype=None, *, cache_entries: int | None = None,
+                 cache_bytes: int | None = None):
+        super().__init__()
+        self._new_cache(cache_entries, cache_bytes)
+        gain = getattr(getattr(block, "post_attention_layernorm", None),
+                       "weight", None)
+        # a GPU below 7.5, a mode it cannot run: refused in one line, first
+        if isinstance(gain, torch.Tensor):
+            _choose_mode(gain.device, mode, act_dtype)
+        ffn_tensors(block)                       # refuse a bad block first
+        self._asked = (mode, act_dtype)
+        self.post_attention_layernorm = block.post_attention_layernorm
+        self.mlp = block.mlp
+        self.config = getattr(block, "config", None)
+        self._bind()
+        self.register_load_state_dict_post_hook(
+            lambda module, keys: module._bind())
+
+    def extra_repr(self) -> str:
+        dtype = ("" if self.act_dtype is None
+                 else f", act_dtype={self.act_dtype}")
+        return (f"hidden_size={self.hidden_size}, "
+                f"intermediate_size={self.intermediate_size}, "
+                f"mode={self.mode!r}{dtype}, launches=3")
+
 # %% ../book/10_fused_mlp.ipynb #6e2f9b48
 class FusedFp8DenseMLP(_CheckedOnce):
-    """The FFN half of Kimi K2's dense block in fused Triton launches: `fused_ffn_block`
-    as a module, sharing the submodules of the block `load_dense_block` returns (same
-    state_dict keys). Checks the block once, and again when it changed. `mode`,
-    `act_dtype`: "w8a8" or "w8a16" (bf16 or fp16 activations); None: by GPU family."""
+    """The FFN half of Kimi K2's dense block in fused Triton launches:
+    `fused_ffn_block` as a module, sharing the submodules of the block
+    `load_dense_block` returns (same state_dict keys). Checks the block once,
+    and again when it changed. `mode`, `act_dtype`: "w8a8" or "w8a16" (bf16 or
+    fp16 activations); None: by GPU family."""
 
     @classmethod
-    def from_checkpoint(cls, checkpoint_dir, layer: int = 0, device="cpu", **modes):
-        "Load dense layer `layer` with `load_dense_block` (chapter 6) and wrap it."
+    def from_checkpoint(cls, checkpoint_dir, layer: int = 0, device="cpu",
+                        **modes):
+        """Load dense layer `layer` with `load_dense_block` (chapter 6)
+        and wrap it."""
         from kimi_mlp.checkpoint import load_dense_block
         block = load_dense_block(checkpoint_dir, layer=layer, device=device)
         return cls(block, **modes)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        self._seen == _fingerprint(self) or self._bind()   # the block changed: again
+    def forward(self, h: torch.Tensor) -> torch.Tensor:  # [M, d] or [B, T, d]
+        self._seen == _fingerprint(self) or self._bind()  # changed: bind again
         _check_hidden(h, self.hidden_size, self._t.norm_weight.device)
         rows = h if h.dim() == 2 else h.reshape(-1, self.hidden_size)
         m = rows.shape[0]
@@ -566,26 +650,24 @@ class FusedFp8DenseMLP(_CheckedOnce):
             return h.clone()
         if m in self._graphs:
             return _replay(self._graphs[m], rows).view(h.shape)
-        return self._launch(m, rows.contiguous()).view(h.shape)   # [M, d] or [B, T, d]
+        return self._launch(m, rows.contiguous()).view(h.shape)
 
-    def capture_graphs(self, ms=(1, 2, 4, 8, 16, 32, 64)) -> "FusedFp8DenseMLP":
-        "A CUDA graph per token count in `ms`; forward replays them (see `_capture`)."
+    def capture_graphs(self,
+                       ms=(1, 2, 4, 8, 16, 32, 64)) -> "FusedFp8DenseMLP":
+        """A CUDA graph per token count in `ms`; forward replays them
+        (see `_capture`)."""
         self._seen == _fingerprint(self) or self._bind()
         self._graphs.update({m: _capture(self, m) for m in ms})
         return self
 
-    def extra_repr(self) -> str:
-        dtype = "" if self.act_dtype is None else f", act_dtype={self.act_dtype}"
-        return (f"hidden_size={self.hidden_size}, intermediate_size="
-                f"{self.intermediate_size}, mode={self.mode!r}{dtype}, launches=3")
-
 # %% ../book/10_fused_mlp.ipynb #9e5c7f13
 @dataclass
 class _Graph:
-    """A captured CUDA graph and every tensor its replays read or write: the input and
-    output buffers and the intermediates (`_scratch`). The graph holds their addresses,
-    not the tensors, so they live here as long as the graph: freed, their memory would
-    go to other tensors, which every replay would then overwrite."""
+    """A captured CUDA graph and every tensor its replays read or write: the
+    input and output buffers and the intermediates (`_scratch`). The graph
+    holds their addresses, not the tensors, so they live here as long as the
+    graph: freed, their memory would go to other tensors, which every replay
+    would then overwrite."""
     graph: "torch.cuda.CUDAGraph"
     static_in: torch.Tensor
     static_out: torch.Tensor
@@ -596,23 +678,26 @@ def _check_capturable(module: FusedFp8DenseMLP) -> None:
     "Graphs need the block on a CUDA device and compiled kernels."
     dev = module._t.norm_weight.device
     if dev.type != "cuda" or kernels.INTERPRETED:
-        raise RuntimeError("capture_graphs: expected the block on a CUDA device with "
-                           f"compiled kernels, got {dev} (interpreter "
+        raise RuntimeError("capture_graphs: expected the block on a CUDA "
+                           f"device with compiled kernels, got {dev} "
+                           "(interpreter "
                            f"{'on' if kernels.INTERPRETED else 'off'})")
 
 # %% ../book/10_fused_mlp.ipynb #8643ace5
 def _capture(module: FusedFp8DenseMLP, m: int) -> _Graph:
-    """A CUDA graph of `module`'s launches for m tokens, with its own [m, d] bf16 input
-    and output and its own intermediates: compiled and run once on a side stream
-    first, as PyTorch asks (`torch.cuda.graphs`), then captured."""
+    """A CUDA graph of `module`'s launches for m tokens, with its own [m, d]
+    bf16 input and output and its own intermediates: compiled and run once on a
+    side stream first, as PyTorch asks (`torch.cuda.graphs`), then captured."""
     _check_capturable(module)
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         raise ValueError(f"ms: expected positive ints, got {m!r}")
     dev = module._t.norm_weight.device
-    static_in = torch.zeros(m, module.hidden_size, dtype=torch.bfloat16, device=dev)
-    plans, scratch = module._prepare(m, keep=False)     # the graph's own intermediates
-    run = lambda: module._launches(static_in, module._t, module._weights, plans,
-                                   scratch)
+    static_in = torch.zeros(m, module.hidden_size, dtype=torch.bfloat16,
+                            device=dev)
+    # the graph's own intermediates
+    plans, scratch = module._prepare(m, keep=False)
+    run = lambda: module._launches(static_in, module._t, module._weights,
+                                   plans, scratch)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -631,21 +716,24 @@ def _replay(captured: _Graph, rows: torch.Tensor) -> torch.Tensor:
     return captured.static_out.clone()
 
 # %% ../book/10_fused_mlp.ipynb #396fb21c
-from .checkpoint import relative_error  # chapter 6: ||y - ref|| / ||ref||
+# chapter 6: ||y - ref|| / ||ref||
+from .checkpoint import relative_error
 
 
 def deepgemm_measure(x: torch.Tensor, y: torch.Tensor) -> float:
-    """DeepGEMM's measure `1 - 2 sum(x*y) / sum(x^2 + y^2)`, in float64: 0 when x == y,
-    about half the squared relative rms error otherwise."""
+    """DeepGEMM's measure `1 - 2 sum(x*y) / sum(x^2 + y^2)`, in float64: 0 when
+    x == y, about half the squared relative rms error otherwise."""
     x, y = x.double(), y.double()
     return (1 - 2 * (x * y).sum() / (x * x + y * y).sum()).item()
 
 
-def tensor_core_shares(block: nn.Module, h: torch.Tensor, rows: int = 256) -> dict:
-    """What a GPU's tensor cores may add to three relative errors on h ([..., d]
-    bf16): twice chapter 8's model's error (`TC_ACC_BITS`) against exact steps, on h's
-    first `rows` tokens. "gemm": on g = x @ gate^T; "p": on silu(g) * u; "block": on the
-    block's MLP part `out - h`, through p's quantization and the bf16 output."""
+def tensor_core_shares(block: nn.Module, h: torch.Tensor,
+                       rows: int = 256) -> dict:
+    """What a GPU's tensor cores may add to three relative errors on h
+    ([..., d] bf16): twice chapter 8's model's error (`TC_ACC_BITS`) against
+    exact steps, on h's first `rows` tokens. "gemm": on g = x @ gate^T; "p":
+    on silu(g) * u; "block": on the block's MLP part `out - h`, through p's
+    quantization and the bf16 output."""
     t = ffn_tensors(block)
     x = h.reshape(-1, t.hidden_size)[:rows]
     x8, xs = (v.to(x.device) for v in quantize_activation(
@@ -655,35 +743,40 @@ def tensor_core_shares(block: nn.Module, h: torch.Tensor, rows: int = 256) -> di
                     for bits in (kernels.TC_ACC_BITS, None))
     part = lambda y: (x + y.to(x.dtype)) - x
     share = lambda a, b: 2 * relative_error(a, b)
-    return {"gemm": share(model["g"], exact["g"]), "p": share(model["p"], exact["p"]),
+    return {"gemm": share(model["g"], exact["g"]),
+            "p": share(model["p"], exact["p"]),
             "block": share(part(model["y"]), part(exact["y"]))}
 
 # %% ../book/10_fused_mlp.ipynb #21d5af1d
 def random_dense_block(hidden_size: int = 7168, intermediate_size: int = 18432,
-                       device="cpu", seed: int = 0, eps: float = 1e-6) -> ResidualBlock:
-    """A `ResidualBlock(RMSNorm, Fp8DenseMLP)` with random weights, built on `device`.
+                       device="cpu", seed: int = 0,
+                       eps: float = 1e-6) -> ResidualBlock:
+    """A `ResidualBlock(RMSNorm, Fp8DenseMLP)` with random weights,
+    built on `device`.
 
-    Weights are heavy-tailed (a Gaussian times a log-normal factor) with standard
-    deviation about `1/sqrt(in_features)`, quantized by `quantize_weight_blockwise`
-    (128 x 128 blocks); the gain is log-normal around 1, bf16. Made for GPU checks and
-    benchmarks at the real shapes without writing a 378 MiB checkpoint;
-    `write_synthetic_checkpoint` (chapter 6) is the file-based equivalent."""
+    Weights are heavy-tailed (a Gaussian times a log-normal factor) with
+    standard deviation about `1/sqrt(in_features)`, quantized by
+    `quantize_weight_blockwise` (128 x 128 blocks); the gain is log-normal
+    around 1, bf16. Made for GPU checks and benchmarks at the real shapes
+    without writing a 378 MiB checkpoint; `write_synthetic_checkpoint`
+    (chapter 6) is the file-based equivalent."""
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)
 
     def weight(n, k):
         w = torch.randn(n, k, generator=gen, device=device)
-        w.mul_(torch.randn(n, k, generator=gen, device=device).mul_(0.5).exp_())
+        w.mul_(torch.randn(n, k, generator=gen, device=device)
+               .mul_(0.5).exp_())
         w.mul_(k ** -0.5 * math.exp(-0.25))                   # E[w^2] = 1/k
         return quantize_weight_blockwise(w)
-
     d, f = hidden_size, intermediate_size
     gain = torch.randn(d, generator=gen, device=device).mul_(0.2).exp_()
     state = {"post_attention_layernorm.weight": gain.to(torch.bfloat16)}
     for name, (n, k) in (("gate_proj", (f, d)), ("up_proj", (f, d)),
                          ("down_proj", (d, f))):
         w, s = weight(n, k)
-        state[f"mlp.{name}.weight"], state[f"mlp.{name}.weight_scale_inv"] = w, s
+        (state[f"mlp.{name}.weight"],
+         state[f"mlp.{name}.weight_scale_inv"]) = w, s
     with torch.device("meta"):
         norm = RMSNorm(d, eps=eps, dtype=torch.bfloat16)
         block = ResidualBlock(norm, Fp8DenseMLP(d, f))
@@ -692,7 +785,8 @@ def random_dense_block(hidden_size: int = 7168, intermediate_size: int = 18432,
 
 # %% ../book/10_fused_mlp.ipynb #cef38aa1
 def _scale_bytes(rows: int, cols: int) -> int:
-    "Bytes of float32 scales for [rows, cols] with one scale per 128 x 128 block."
+    """Bytes of float32 scales for [rows, cols] with one scale per
+    128 x 128 block."""
     return 4 * math.ceil(rows / 128) * math.ceil(cols / 128)
 
 
@@ -700,9 +794,9 @@ def fused_launch_costs(m: int, hidden_size: int = 7168,
                        intermediate_size: int = 18432) -> list[dict]:
     """Compulsory traffic and FLOP of the three fused launches for m tokens.
 
-    Each row: `launch`, `read` and `written` (bytes, each tensor once), `flop` (GEMM
-    FLOP, 2*M*N*K; elementwise work counted as 0). Activation scales: float32, one per
-    token and 128 features."""
+    Each row: `launch`, `read` and `written` (bytes, each tensor once), `flop`
+    (GEMM FLOP, 2*M*N*K; elementwise work counted as 0). Activation scales:
+    float32, one per token and 128 features."""
     d, f = hidden_size, intermediate_size
     xs, ps = 4 * m * math.ceil(d / 128), 4 * m * math.ceil(f / 128)
     w_gate_up = 2 * (f * d + _scale_bytes(f, d))
@@ -712,16 +806,17 @@ def fused_launch_costs(m: int, hidden_size: int = 7168,
          "written": m * d + xs, "flop": 0},
         {"launch": "fp8_gate_up_swiglu_quant", "read": m * d + xs + w_gate_up,
          "written": m * f + ps, "flop": 2 * 2 * m * f * d},
-        {"launch": "fp8_down_residual", "read": m * f + ps + w_down + 2 * m * d,
+        {"launch": "fp8_down_residual",
+         "read": m * f + ps + w_down + 2 * m * d,
          "written": 2 * m * d, "flop": 2 * m * d * f},
     ]
 
 # %% ../book/10_fused_mlp.ipynb #d2b7e4a0
 def unfused_launch_costs(m: int, hidden_size: int = 7168,
                          intermediate_size: int = 18432) -> list[dict]:
-    """The same for the unfused W8A8 pipeline, one launch per step, bf16 between
-    steps: norm+quantize, gate GEMM, up GEMM, SiLU, multiply, quantize, down GEMM,
-    residual add."""
+    """The same for the unfused W8A8 pipeline, one launch per step, bf16
+    between steps: norm+quantize, gate GEMM, up GEMM, SiLU, multiply, quantize,
+    down GEMM, residual add."""
     d, f = hidden_size, intermediate_size
     ps = 4 * m * math.ceil(f / 128)
     gemm_in = m * d + 4 * m * math.ceil(d / 128) + f * d + _scale_bytes(f, d)
@@ -733,16 +828,19 @@ def unfused_launch_costs(m: int, hidden_size: int = 7168,
         {"launch": "fp8_gemm up_proj", "read": gemm_in, "written": 2 * m * f,
          "flop": 2 * m * f * d},
         {"launch": "silu", "read": 2 * m * f, "written": 2 * m * f, "flop": 0},
-        {"launch": "multiply", "read": 4 * m * f, "written": 2 * m * f, "flop": 0},
-        {"launch": "act_quant", "read": 2 * m * f, "written": m * f + ps, "flop": 0},
+        {"launch": "multiply", "read": 4 * m * f, "written": 2 * m * f,
+         "flop": 0},
+        {"launch": "act_quant", "read": 2 * m * f, "written": m * f + ps,
+         "flop": 0},
         {"launch": "fp8_gemm down_proj", "read": m * f + ps + w_down,
          "written": 2 * m * d, "flop": 2 * m * d * f},
-        {"launch": "residual add", "read": 4 * m * d, "written": 2 * m * d, "flop": 0},
+        {"launch": "residual add", "read": 4 * m * d, "written": 2 * m * d,
+         "flop": 0},
     ]
 
 
 def launch_floor_s(cost: dict, bytes_per_s: float, flop_per_s: float) -> float:
-    """The roofline floor of one launch, in seconds: the larger of its bytes over the
-    bandwidth and its FLOP over the arithmetic rate."""
+    """The roofline floor of one launch, in seconds: the larger of its bytes
+    over the bandwidth and its FLOP over the arithmetic rate."""
     moved = cost["read"] + cost["written"]
     return max(moved / bytes_per_s, cost["flop"] / flop_per_s)

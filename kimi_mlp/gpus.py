@@ -5,22 +5,22 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-#: The matrix paths the kernels take, from the newest to the oldest, and what each
-#: multiplies: e4m3 on the FP8 tensor cores (W8A8), or weights decoded to 16 bits
-#: (W8A16) on bf16 tensor cores, or on the FMA units in fp32.
+#: The matrix paths the kernels take, from the newest to the oldest, and what
+#: each multiplies: e4m3 on the FP8 tensor cores (W8A8), or weights decoded
+#: to 16 bits (W8A16) on bf16 tensor cores, or on the FMA units in fp32.
 PATHS = ("tcgen05 e4m3", "wgmma e4m3", "mma.sync e4m3", "mma.sync bf16", "FMA")
 #: The datasheet rate that bounds each path (a key of `GPU`).
 PATH_RATE = {"tcgen05 e4m3": "fp8_flop_per_s", "wgmma e4m3": "fp8_flop_per_s",
-             "mma.sync e4m3": "fp8_flop_per_s", "mma.sync bf16": "bf16_flop_per_s",
-             "FMA": "fp32_flop_per_s"}
+             "mma.sync e4m3": "fp8_flop_per_s",
+             "mma.sync bf16": "bf16_flop_per_s", "FMA": "fp32_flop_per_s"}
 KIB = 1024
 
 
 @dataclass(frozen=True)
 class GPU:
-    """One GPU model: its family, the names torch reports for it, its SM count and
-    its datasheet figures (bytes/s; dense FLOP/s with fp32 sums, None where it has no
-    such unit or no document gives the rate)."""
+    """One GPU model: its family, the names torch reports for it, its SM count
+    and its datasheet figures (bytes/s; dense FLOP/s with fp32 sums, None where
+    it has no such unit or no document gives the rate)."""
     name: str
     arch: int
     device_names: tuple
@@ -35,16 +35,19 @@ class GPU:
     note: str = ""
 
 # %% auto #0
-__all__ = ['PATHS', 'PATH_RATE', 'KIB', 'GPUS', 'FAMILIES', 'OLDEST', 'NEWER', 'GPU', 'Family', 'family', 'family_of', 'gpu',
-           'default_gpu', 'by_target', 'find_gpu', 'kernel_rate', 'as_record', 'check_registry']
+__all__ = ['PATHS', 'PATH_RATE', 'KIB', 'GPUS', 'FAMILIES', 'OLDEST', 'NEWER',
+           'GPU', 'Family', 'family', 'family_of', 'gpu', 'default_gpu',
+           'by_target', 'find_gpu', 'kernel_rate', 'as_record',
+           'check_registry']
 
 # %% ../book/appendix_g_gpus.ipynb #d425c030
 @dataclass(frozen=True)
 class Family:
-    """One GPU family: the compute capabilities it covers, the matrix path the kernels
-    take there, shared memory (the most one program may use, and one SM's), the name
-    of its tile table in chapter 8, whether the kernels read through TMA, and its
-    named GPUs, the first of which a plan without a GPU stands for."""
+    """One GPU family: the compute capabilities it covers, the matrix path the
+    kernels take there, shared memory (the most one program may use, and one
+    SM's), the name of its tile table in chapter 8, whether the kernels read
+    through TMA, and its named GPUs, the first of which a plan without a GPU
+    stands for."""
     arch: int
     name: str
     capabilities: tuple
@@ -58,7 +61,8 @@ class Family:
 
     @property
     def e4m3(self) -> bool:
-        "Whether the GPU has an e4m3 type: the FP8 kernels (W8A8) run, else W8A16."
+        """Whether the GPU has an e4m3 type: the FP8 kernels (W8A8) run,
+        else W8A16."""
         return self.path.endswith("e4m3")
 
     @property
@@ -67,122 +71,129 @@ class Family:
 
     @property
     def target(self) -> str:
-        """The `ptxas` name, as Triton writes it in the PTX's `.target`: with an 'a'
-        from 9.0 on (wgmma and tcgen05 need it), without one before."""
+        """The `ptxas` name, as Triton writes it in the PTX's `.target`: with
+        an 'a' from 9.0 on (wgmma and tcgen05 need it), without one before."""
         return f"sm_{self.arch}a" if self.arch >= 90 else f"sm_{self.arch}"
 
 # %% ../book/appendix_g_gpus.ipynb #ed32a4b7
 _NV = "https://www.nvidia.com/"
 _DC = _NV + "content/dam/en-zz/Solutions/Data-Center/"
-_A100 = ("NVIDIA A100 Tensor Core GPU datasheet: {hbm}; BF16 and FP16 Tensor Core 312 "
-         "TFLOPS dense (624 with sparsity). 108 SMs: NVIDIA A100 Tensor Core GPU "
-         "Architecture whitepaper")
-_SPARSE = ("{what} Tensor Core {r16} TFLOPS and FP8 Tensor Core {r8} TFLOPS, both "
-           "quoted with sparsity: dense is half, {d16} and {d8}")
+_A100 = ("NVIDIA A100 Tensor Core GPU datasheet: {hbm}; BF16 and FP16 Tensor "
+         "Core 312 TFLOPS dense (624 with sparsity). 108 SMs: NVIDIA A100 "
+         "Tensor Core GPU Architecture whitepaper")
+_SPARSE = ("{what} Tensor Core {r16} TFLOPS and FP8 Tensor Core {r8} TFLOPS, "
+           "both quoted with sparsity: dense is half, {d16} and {d8}")
 
 #: Every GPU the book names, with its datasheet figures and their sources.
 GPUS = {g.name: g for g in (
     GPU("T4", 75, ("Tesla T4",), 40, 320e9, None, 65e12, None, 8.1e12,
-        "NVIDIA T4 Tensor Core GPU datasheet: GDDR6, 320+ GB/s; mixed precision (FP16 "
-        "products, FP32 sums) 65 TFLOPS; single precision (FP32) 8.1 TFLOPS, dense as "
-        "printed (Turing has no structured sparsity); 2,560 CUDA cores, 64 an SM: "
-        "40 SMs",
+        "NVIDIA T4 Tensor Core GPU datasheet: GDDR6, 320+ GB/s; mixed "
+        "precision (FP16 products, FP32 sums) 65 TFLOPS; single precision "
+        "(FP32) 8.1 TFLOPS, dense as printed (Turing has no structured "
+        "sparsity); 2,560 CUDA cores, 64 an SM: 40 SMs",
         _DC + "tesla-t4/t4-tensor-core-datasheet-951643.pdf",
-        "Turing has no bf16 and no FP8. The W8A16 kernels take fp16 operands here, "
-        "and Triton (3.3 and later) lowers their tl.dot on sm_75 to fma.rn.f32 on the "
-        "FMA units "
-        "(triton PR #5066; appendix D compiles it), so the FP32 rate bounds them"),
+        "Turing has no bf16 and no FP8. The W8A16 kernels take fp16 operands "
+        "here, and Triton (3.3 and later) lowers their tl.dot on sm_75 to "
+        "fma.rn.f32 on the FMA units (triton PR #5066; appendix D compiles "
+        "it), so the FP32 rate bounds them"),
     GPU("A10G", 86, ("NVIDIA A10G",), 80, 600e9, None, None, None, None,
-        "NVIDIA A10 Tensor Core GPU datasheet: 24 GB GDDR6 at 600 GB/s. The A10G is a "
-        "variant of the A10 made for AWS (EC2 G5) with the same memory; NVIDIA "
-        "publishes no datasheet of its own for it",
+        "NVIDIA A10 Tensor Core GPU datasheet: 24 GB GDDR6 at 600 GB/s. The "
+        "A10G is a variant of the A10 made for AWS (EC2 G5) with the same "
+        "memory; NVIDIA publishes no datasheet of its own for it",
         _DC + "a10/pdf/a10-datasheet.pdf",
-        "No matmul rate is recorded: the A10's 125 TFLOP/s of dense bf16 is not the "
-        "A10G's, and no NVIDIA document gives one. No NVIDIA document gives its SM "
-        "count either: 80 is the count its GA102 configuration is reported with, and "
-        "a plan uses it only to size split-K"),
-    GPU("A100 40GB", 80, ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB"), 108,
-        1555e9, 312e12, 312e12, None, None,
+        "No matmul rate is recorded: the A10's 125 TFLOP/s of dense bf16 is "
+        "not the A10G's, and no NVIDIA document gives one. No NVIDIA document "
+        "gives its SM count either: 80 is the count its GA102 configuration "
+        "is reported with, and a plan uses it only to size split-K"),
+    GPU("A100 40GB", 80, ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB"),
+        108, 1555e9, 312e12, 312e12, None, None,
         _A100.format(hbm="1,555 GB/s of HBM2 (40 GB, PCIe and SXM)"),
         _DC + "a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
         "No FP8 on Ampere: the W8A16 kernels decode the e4m3 weights to bf16"),
-    GPU("A100 80GB", 80, ("NVIDIA A100-SXM4-80GB",), 108, 2039e9, 312e12, 312e12,
-        None, None,
-        _A100.format(hbm="2,039 GB/s of HBM2e (80 GB SXM; the 80 GB PCIe card has "
-                     "1,935 GB/s and is not this entry)"),
+    GPU("A100 80GB", 80, ("NVIDIA A100-SXM4-80GB",), 108, 2039e9, 312e12,
+        312e12, None, None,
+        _A100.format(hbm="2,039 GB/s of HBM2e (80 GB SXM; the 80 GB PCIe card "
+                     "has 1,935 GB/s and is not this entry)"),
         _DC + "a100/pdf/nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf",
         "No FP8 on Ampere: the W8A16 kernels decode the e4m3 weights to bf16"),
     GPU("L4", 89, ("NVIDIA L4",), 58, 300e9, 121e12, 121e12, 242.5e12, None,
-        "NVIDIA L4 Tensor Core GPU datasheet: 300 GB/s GDDR6; " + _SPARSE.format(
+        "NVIDIA L4 Tensor Core GPU datasheet: 300 GB/s GDDR6; "
+        + _SPARSE.format(
             what="BF16 and FP16", r16=242, r8=485, d16=121, d8=242.5)
         + "; 7,424 CUDA cores, 128 an SM: 58 SMs",
         _NV + "en-us/data-center/l4/"),
-    GPU("L40S", 89, ("NVIDIA L40S",), 142, 864e9, 362.05e12, 362.05e12, 733e12, None,
-        "NVIDIA L40S GPU datasheet: 864 GB/s GDDR6; BF16 and FP16 Tensor Core 362.05 "
-        "TFLOPS dense (733 with sparsity); FP8 Tensor Core 733 TFLOPS dense (1,466 "
-        "with sparsity); 18,176 CUDA cores, 128 an SM: 142 SMs",
+    GPU("L40S", 89, ("NVIDIA L40S",), 142, 864e9, 362.05e12, 362.05e12,
+        733e12, None,
+        "NVIDIA L40S GPU datasheet: 864 GB/s GDDR6; BF16 and FP16 Tensor Core "
+        "362.05 TFLOPS dense (733 with sparsity); FP8 Tensor Core 733 TFLOPS "
+        "dense (1,466 with sparsity); 18,176 CUDA cores, 128 an SM: 142 SMs",
         _NV + "en-us/data-center/l40s/"),
     GPU("RTX 4090", 89, ("NVIDIA GeForce RTX 4090",), 128, 1008e9, 165.2e12,
         165.2e12, 330.3e12, None,
-        "NVIDIA Ada GPU Architecture whitepaper, GeForce RTX 4090: 1,008 GB/s GDDR6X; "
-        "peak BF16 and FP16 Tensor TFLOPS with FP32 accumulate 165.2 dense (330.4 with "
-        "sparsity); peak FP8 Tensor TFLOPS with FP32 accumulate 330.3 dense (660.6 "
-        "with sparsity); 128 SMs",
+        "NVIDIA Ada GPU Architecture whitepaper, GeForce RTX 4090: 1,008 GB/s "
+        "GDDR6X; peak BF16 and FP16 Tensor TFLOPS with FP32 accumulate 165.2 "
+        "dense (330.4 with sparsity); peak FP8 Tensor TFLOPS with FP32 "
+        "accumulate 330.3 dense (660.6 with sparsity); 128 SMs",
         "https://images.nvidia.com/aem-dam/Solutions/geforce/ada/"
         "nvidia-ada-gpu-architecture.pdf",
-        "A GeForce card multiplies with FP32 sums at half the rate it has with FP16 "
-        "sums; the kernels sum in fp32, so the FP32-accumulate rates are the ones "
-        "kept"),
+        "A GeForce card multiplies with FP32 sums at half the rate it has "
+        "with FP16 sums; the kernels sum in fp32, so the FP32-accumulate "
+        "rates are the ones kept"),
     GPU("H100 SXM", 90, ("NVIDIA H100 80GB HBM3",), 132, 3.35e12, 989.5e12,
         989.5e12, 1979e12, None,
         "NVIDIA H100 Tensor Core GPU datasheet, H100 SXM: 3.35 TB/s HBM3; "
-        + _SPARSE.format(what="BF16 and FP16", r16="1,979", r8="3,958", d16=989.5,
-                         d8="1,979")
-        + ". 132 SMs: NVIDIA H100 Tensor Core GPU Architecture whitepaper (SXM5)",
+        + _SPARSE.format(what="BF16 and FP16", r16="1,979", r8="3,958",
+                         d16=989.5, d8="1,979")
+        + ". 132 SMs: NVIDIA H100 Tensor Core GPU Architecture "
+          "whitepaper (SXM5)",
         "https://resources.nvidia.com/en-us-tensor-core/"
         "nvidia-tensor-core-gpu-datasheet"),
-    GPU("H200", 90, ("NVIDIA H200",), 132, 4.8e12, 989.5e12, 989.5e12, 1979e12, None,
+    GPU("H200", 90, ("NVIDIA H200",), 132, 4.8e12, 989.5e12, 989.5e12,
+        1979e12, None,
         "NVIDIA H200 Tensor Core GPU datasheet, H200 SXM: 4.8 TB/s HBM3e; "
-        + _SPARSE.format(what="BF16 and FP16", r16="1,979", r8="3,958", d16=989.5,
-                         d8="1,979")
+        + _SPARSE.format(what="BF16 and FP16", r16="1,979", r8="3,958",
+                         d16=989.5, d8="1,979")
         + ". 132 SMs, the H100 SXM's GH100 configuration",
         _NV + "en-us/data-center/h200/",
         "The H200 NVL (a PCIe card, lower clocks) is not this entry"),
-    GPU("B200", 100, ("NVIDIA B200",), 148, 8e12, 2.25e15, 2.25e15, 4.5e15, None,
-        "NVIDIA DGX B200 datasheet: 64 TB/s of HBM3e for eight B200 GPUs, 8 TB/s each; "
-        "NVIDIA HGX B200 specifications, per GPU: " + _SPARSE.format(
-            what="FP16 and BF16", r16="4,500", r8="9,000", d16="2,250", d8="4,500"),
+    GPU("B200", 100, ("NVIDIA B200",), 148, 8e12, 2.25e15, 2.25e15,
+        4.5e15, None,
+        "NVIDIA DGX B200 datasheet: 64 TB/s of HBM3e for eight B200 GPUs, "
+        "8 TB/s each; NVIDIA HGX B200 specifications, per GPU: "
+        + _SPARSE.format(what="FP16 and BF16", r16="4,500", r8="9,000",
+                         d16="2,250", d8="4,500"),
         _NV + "en-us/data-center/hgx/",
         "NVIDIA's HGX page now lists 7.7 TB/s per HGX B200 GPU; the DGX B200 "
-        "datasheet's 8 TB/s is the figure kept. No datasheet gives its SM count: 148 "
-        "is the count reported for it (two dies of 74)"),
-    GPU("RTX 5090", 120, ("NVIDIA GeForce RTX 5090",), 170, 1792e9, None, None, None,
-        None,
-        "NVIDIA GeForce RTX 5090 specifications: 21,760 CUDA cores, 128 an SM: 170 "
-        "SMs; 32 GB of GDDR7 on a 512-bit bus at 28 Gbps: 1,792 GB/s",
+        "datasheet's 8 TB/s is the figure kept. No datasheet gives its SM "
+        "count: 148 is the count reported for it (two dies of 74)"),
+    GPU("RTX 5090", 120, ("NVIDIA GeForce RTX 5090",), 170, 1792e9, None, None,
+        None, None,
+        "NVIDIA GeForce RTX 5090 specifications: 21,760 CUDA cores, 128 an "
+        "SM: 170 SMs; 32 GB of GDDR7 on a 512-bit bus at 28 Gbps: 1,792 GB/s",
         _NV + "en-us/geforce/graphics-cards/50-series/rtx-5090/",
-        "No matmul rate is recorded yet: a dense rate with fp32 sums from an NVIDIA "
-        "document is still to be taken for it"),
+        "No matmul rate is recorded yet: a dense rate with fp32 sums from an "
+        "NVIDIA document is still to be taken for it"),
 )}
 
 # %% ../book/appendix_g_gpus.ipynb #3cf7032d
-# Shared memory: CUDA C++ Programming Guide, "Technical Specifications per Compute
-# Capability" (the most one block may opt in to, and one SM's).
+# Shared memory: CUDA C++ Programming Guide, "Technical Specifications per
+# Compute Capability" (the most one block may opt in to, and one SM's).
 
-#: The GPU families the kernels plan for, by family number (the compute capability
-#: of its first member, times ten). Everything the package knows about a GPU is here.
+#: The GPU families the kernels plan for, by family number (the compute
+#: capability of its first member, times ten). Everything the package knows
+#: about a GPU is here.
 FAMILIES = {f.arch: f for f in (
     Family(75, "Turing", ((7, 5),), "FMA", 64 * KIB, 64 * KIB, "turing", False,
            ("T4",)),
-    Family(80, "Ampere (A100)", ((8, 0),), "mma.sync bf16", 163 * KIB, 164 * KIB,
-           "ampere", False, ("A100 40GB", "A100 80GB")),
+    Family(80, "Ampere (A100)", ((8, 0),), "mma.sync bf16", 163 * KIB,
+           164 * KIB, "ampere", False, ("A100 40GB", "A100 80GB")),
     Family(86, "Ampere (GA10x)", ((8, 6), (8, 7)), "mma.sync bf16", 99 * KIB,
            100 * KIB, "ampere", False, ("A10G",),
            "8.7 (Jetson Orin) has 163 KB a block; the 8.6 plans fit in it"),
-    Family(89, "Ada", ((8, 9),), "mma.sync e4m3", 99 * KIB, 100 * KIB, "ada", False,
-           ("L4", "L40S", "RTX 4090")),
-    Family(90, "Hopper", ((9, 0),), "wgmma e4m3", 227 * KIB, 228 * KIB, "hopper",
-           True, ("H200", "H100 SXM")),
+    Family(89, "Ada", ((8, 9),), "mma.sync e4m3", 99 * KIB, 100 * KIB, "ada",
+           False, ("L4", "L40S", "RTX 4090")),
+    Family(90, "Hopper", ((9, 0),), "wgmma e4m3", 227 * KIB, 228 * KIB,
+           "hopper", True, ("H200", "H100 SXM")),
     Family(100, "Blackwell (data centre)", ((10, 0), (10, 3), (11, 0)),
            "tcgen05 e4m3", 227 * KIB, 228 * KIB, "blackwell", True, ("B200",)),
     Family(120, "Blackwell (GeForce)", ((12, 0),), "mma.sync e4m3", 99 * KIB,
@@ -190,8 +201,8 @@ FAMILIES = {f.arch: f for f in (
 )}
 #: The oldest compute capability Triton's `tl.dot` serves.
 OLDEST = (7, 5)
-#: The family a GPU newer than every entry (a compute capability of a later major) is
-#: planned as: the newest data-centre family.
+#: The family a GPU newer than every entry (a compute capability of a later
+#: major) is planned as: the newest data-centre family.
 NEWER = 100
 
 # %% ../book/appendix_g_gpus.ipynb #2346ad52
@@ -205,15 +216,16 @@ def family(arch: int) -> Family:
 
 
 def family_of(cap) -> Family:
-    """The family of a compute capability (major, minor): the entry that lists it.
-    One no entry lists takes the matrix path of the closest one below it with the same
-    major, and of the families of that major and path, the one with the least shared
-    memory (a plan that fits there fits the GPU): 8.8 and 8.1 plan as 8.6. A later
-    major than any entry plans as `NEWER`. Below 7.5, a one-line error."""
+    """The family of a compute capability (major, minor): the entry that lists
+    it. One no entry lists takes the matrix path of the closest one below it
+    with the same major, and of the families of that major and path, the one
+    with the least shared memory (a plan that fits there fits the GPU): 8.8 and
+    8.1 plan as 8.6. A later major than any entry plans as `NEWER`. Below 7.5,
+    a one-line error."""
     cap = tuple(cap)
     if cap < OLDEST:
-        raise RuntimeError(f"compute capability {cap[0]}.{cap[1]}: these kernels need "
-                           f"{OLDEST[0]}.{OLDEST[1]} or more ("
+        raise RuntimeError(f"compute capability {cap[0]}.{cap[1]}: these "
+                           f"kernels need {OLDEST[0]}.{OLDEST[1]} or more ("
                            + ", ".join(sorted({f.name.split()[0] for f in
                                                FAMILIES.values()}))
                            + ")")
@@ -228,8 +240,8 @@ def family_of(cap) -> Family:
         return min(kin, key=lambda f: (f.shared_per_block, f.arch))
     if cap[0] > max(c[0] for f in FAMILIES.values() for c in f.capabilities):
         return FAMILIES[NEWER]
-    raise RuntimeError(f"compute capability {cap[0]}.{cap[1]}: no GPU family of "
-                       f"kimi_mlp.gpus covers it")
+    raise RuntimeError(f"compute capability {cap[0]}.{cap[1]}: no GPU family "
+                       f"of kimi_mlp.gpus covers it")
 
 # %% ../book/appendix_g_gpus.ipynb #28d1a75e
 def gpu(name: str) -> GPU:
@@ -240,7 +252,8 @@ def gpu(name: str) -> GPU:
 
 
 def default_gpu(arch: int) -> GPU:
-    "The GPU a plan for family `arch` stands for when there is none: its first."
+    """The GPU a plan for family `arch` stands for when there is none:
+    its first."""
     return gpu(family(arch).gpus[0])
 
 
@@ -254,42 +267,47 @@ def by_target(name: str) -> Family:
 
 
 def find_gpu(device_name: str | None) -> GPU | None:
-    "The GPU whose `device_names` holds `device_name` (as torch reports it), or None."
+    """The GPU whose `device_names` holds `device_name` (as torch reports it),
+    or None."""
     name = (device_name or "").strip().lower()
     return next((g for g in GPUS.values()
                  if name in [n.lower() for n in g.device_names]), None)
 
 
 def kernel_rate(g: GPU) -> float | None:
-    "The datasheet rate of the unit the kernels multiply on, on GPU `g`; None: none."
+    """The datasheet rate of the unit the kernels multiply on, on GPU `g`;
+    None: none."""
     return getattr(g, PATH_RATE[family(g.arch).path])
 
 
 def as_record(g: GPU) -> dict:
-    """`g` as a plain dict (tuples as lists), with its target name and kernel path:
-    what the benchmark chapter and the GPU report print and plot."""
+    """`g` as a plain dict (tuples as lists), with its target name and kernel
+    path: what the benchmark chapter and the GPU report print and plot."""
     f = family(g.arch)
     return dict(asdict(g), device_names=list(g.device_names), target=f.target,
                 mode=f.mode, path=f.path, rate_key=PATH_RATE[f.path])
 
 # %% ../book/appendix_g_gpus.ipynb #7f3162a6
 def check_registry() -> None:
-    """Raise ValueError on an entry that disagrees with the others: a family's GPUs
-    must exist and belong to it, a GPU's family must exist, every path be known, a
-    block fit in its SM's shared memory, and no capability be claimed twice."""
+    """Raise ValueError on an entry that disagrees with the others: a
+    family's GPUs must exist and belong to it, a GPU's family must exist,
+    every path be known, a block fit in its SM's shared memory, and no
+    capability be claimed twice."""
     caps = [c for f in FAMILIES.values() for c in f.capabilities]
     if len(caps) != len(set(caps)):
         raise ValueError(f"capabilities: claimed twice in {sorted(caps)}")
     for f in FAMILIES.values():
         if f.path not in PATHS or not f.shared_per_block <= f.shared_per_sm:
-            raise ValueError(f"family {f.arch}: path {f.path!r} or shared memory")
+            raise ValueError(f"family {f.arch}: path {f.path!r} or "
+                             "shared memory")
         if not f.gpus or any(gpu(n).arch != f.arch for n in f.gpus):
             raise ValueError(f"family {f.arch}: GPUs {f.gpus} not all of it")
     for g in GPUS.values():
         if g.arch not in FAMILIES or g.name not in FAMILIES[g.arch].gpus:
             raise ValueError(f"GPU {g.name}: family {g.arch} does not list it")
-        if not (g.sms > 0 and g.hbm_bytes_per_s > 0 and g.url.startswith("https://")):
+        if not (g.sms > 0 and g.hbm_bytes_per_s > 0
+                and g.url.startswith("https://")):
             raise ValueError(f"GPU {g.name}: SMs, bandwidth or source address")
 
 
-check_registry()        # at import: an edit that breaks the registry stops it here
+check_registry()  # at import: an edit that breaks the registry stops it here

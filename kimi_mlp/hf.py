@@ -10,9 +10,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from . import kernels  # imported first: the interpreter when there is no GPU
-from .checkpoint import (_check_values, check_fp8_format, load_dense_block,
-                                 read_tensors)
+# imported first: the interpreter when there is no GPU
+from . import kernels
+from .checkpoint import (_check_values, check_fp8_format,
+                                 load_dense_block, read_tensors)
 from .config import KimiK2Config, scale_shape
 from .fp8 import Fp8DenseMLP, quantize_weight_blockwise
 from .fused import _check_hidden, _choose_mode, _gain_cast
@@ -21,44 +22,48 @@ from .safetensors_io import (atomic_directory, checkpoint_root,
                                      resolve_tensor_files)
 
 # %% auto #0
-__all__ = ['IMPLS', 'LAYERS', 'FusedMLP', 'shared_expert_tensors', 'load_shared_expert', 'decoder_layers', 'Swap', 'FuseReport',
+__all__ = ['IMPLS', 'LAYERS', 'FusedMLP', 'shared_expert_tensors',
+           'load_shared_expert', 'decoder_layers', 'Swap', 'FuseReport',
            'check_layout', 'fuse_ffn', 'fp8_config', 'save_fp8_ffn']
 
 # %% ../book/13_hf.ipynb #e72c918b
-#: What `fuse_ffn` can put in place: the kernels of chapters 7 to 9 and appendix H, or
-#: chapter 5's torch modes.
+#: What `fuse_ffn` can put in place: the kernels of chapters 7 to 9 and
+#: appendix H, or chapter 5's torch modes.
 IMPLS = ("fused", "w8a8", "w8a16")
 
 
 def _w8a8_launches(m: nn.Module, rows: torch.Tensor) -> torch.Tensor:
-    """`FusedMLP` m's FP8 launches on [M, d] bf16 rows: norm (if any) and quantize; gate
-    and up, SwiGLU, quantize; down, rounded to bf16."""
+    """`FusedMLP` m's FP8 launches on [M, d] bf16 rows: norm (if any) and
+    quantize; gate and up, SwiGLU, quantize; down, rounded to bf16."""
     g, u, dn, norm = m.gate_proj, m.up_proj, m.down_proj, m.norm
     x8, xs = (kernels.act_quant(rows) if norm is None
               else kernels.rmsnorm_quant(rows, norm.weight, norm.eps))
-    p8, ps = kernels.fp8_gate_up_swiglu_quant(x8, xs, g.weight, g.weight_scale_inv,
-                                              u.weight, u.weight_scale_inv)
+    p8, ps = kernels.fp8_gate_up_swiglu_quant(
+        x8, xs, g.weight, g.weight_scale_inv, u.weight, u.weight_scale_inv)
     return kernels.fp8_gemm(p8, ps, dn.weight, dn.weight_scale_inv)
 
 
-def _w8a16_launches(m: nn.Module, rows: torch.Tensor, act_dtype) -> torch.Tensor:
+def _w8a16_launches(m: nn.Module, rows: torch.Tensor,
+                    act_dtype) -> torch.Tensor:
     "The same in W8A16 (appendix H): x and p in `act_dtype`, y in bf16."
     g, u, dn, norm = m.gate_proj, m.up_proj, m.down_proj, m.norm
     x = (rows.to(act_dtype) if norm is None
          else kernels.rmsnorm_act(rows, norm.weight, norm.eps, act_dtype))
-    p = kernels.w8a16_gate_up_swiglu(x, g.weight, g.weight_scale_inv, u.weight,
-                                     u.weight_scale_inv)
-    return kernels.w8a16_gemm(p, dn.weight, dn.weight_scale_inv).to(torch.bfloat16)
+    p = kernels.w8a16_gate_up_swiglu(x, g.weight, g.weight_scale_inv,
+                                     u.weight, u.weight_scale_inv)
+    return (kernels.w8a16_gemm(p, dn.weight, dn.weight_scale_inv)
+            .to(torch.bfloat16))
 
 # %% ../book/13_hf.ipynb #e72c918c
 def _bf16_forward(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    "`FusedMLP` m on bf16 x [..., d]: chapter 5's torch module, or the launches."
+    """`FusedMLP` m on bf16 x [..., d]: chapter 5's torch module, or
+    the launches."""
     _check_hidden(x, m.hidden_size, m.gate_proj.weight.device)
     if m.impl != "fused":
         x = x if m.norm is None else m.norm(x)
         return m._mlp[0](x, mode=m.impl)
     rows = x.reshape(-1, m.hidden_size).contiguous()
-    if rows.shape[0] == 0:                               # no launch for no tokens
+    if rows.shape[0] == 0:                            # no launch for no tokens
         return x.clone()
     path, act_dtype = _choose_mode(rows.device)          # by the GPU family
     return (_w8a8_launches(m, rows) if path == "w8a8"
@@ -66,87 +71,96 @@ def _bf16_forward(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def _not_saved_in_a_model(module: nn.Module, prefix: str, keep_vars) -> None:
-    """A FusedMLP's state inside a model's state_dict would put FP8 codes under the
-    names a bf16 model loads as weights: refused (alone, prefix '', it is given).
-    Anything that takes a whole fused model's state_dict is refused with it."""
+    """A FusedMLP's state inside a model's state_dict would put FP8 codes under
+    the names a bf16 model loads as weights: refused (alone, prefix '', it is
+    given). Anything that takes a whole fused model's state_dict is refused
+    with it."""
     if prefix:
         raise RuntimeError(
-            f"{prefix.rstrip('.')}: a FusedMLP (fuse_ffn) holds FP8 codes and scales "
-            "under names a bf16 model loads as weights; call the FuseReport's "
-            "restore() before state_dict() or save_pretrained(), and fuse_ffn again "
-            "after loading")
+            f"{prefix.rstrip('.')}: a FusedMLP (fuse_ffn) holds FP8 codes and "
+            "scales under names a bf16 model loads as weights; call the "
+            "FuseReport's restore() before state_dict() or save_pretrained(), "
+            "and fuse_ffn again after loading")
 
 # %% ../book/13_hf.ipynb #ad9265b9
 class FusedMLP(nn.Module):
-    """`DeepseekV3MLP` from FP8 codes (+ `norm`); impl "fused", or chapter 5's modes."""
-
+    """`DeepseekV3MLP` on FP8 codes (+ `norm`), fused or in torch (`impl`)."""
     def __init__(self, mlp: Fp8DenseMLP, norm: RMSNorm | None = None,
                  impl: str = "fused"):
         super().__init__()
         if impl not in IMPLS:
             raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
-        self.gate_proj, self.up_proj, self.down_proj = (mlp.gate_proj, mlp.up_proj,
-                                                        mlp.down_proj)
-        self.norm, self.impl, self._mlp = norm, impl, (mlp,)  # a tuple: no submodule
+        self.gate_proj, self.up_proj, self.down_proj = (
+            mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        self.norm, self.impl, self._mlp = norm, impl, (mlp,)  # not a submodule
         self.hidden_size, self.intermediate_size = (mlp.hidden_size,
                                                     mlp.intermediate_size)
         self.register_state_dict_pre_hook(_not_saved_in_a_model)
 
     @property
-    def path(self) -> str | None:       # the launches now: 'w8a8', 'w8a16'; None: torch
+    def path(self) -> str | None:  # launches now: 'w8a8', 'w8a16'; None: torch
         fused = self.impl == "fused"
         return _choose_mode(self.gate_proj.weight.device)[0] if fused else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if isinstance(x, torch.Tensor) and x.is_floating_point() \
-                and x.dtype != torch.bfloat16:       # a model cast to fp16 or fp32
+        if (isinstance(x, torch.Tensor) and x.is_floating_point()
+                and x.dtype != torch.bfloat16):  # a model cast to fp16 or fp32
             return _bf16_forward(self, x.to(torch.bfloat16)).to(x.dtype)
         return _bf16_forward(self, x)
 
-    def _apply(self, fn, *args, **kwargs):    # a cast keeps codes, scales, bf16 gain
-        with _gain_cast(self.norm, follow=(torch.bfloat16,)):   # it computes in bf16
-            return super()._apply(fn, *args, **kwargs)
+    def _apply(self, fn, *args, **kwargs):    # a cast keeps codes, scales and
+        with _gain_cast(self.norm, follow=(torch.bfloat16,)):  # bf16 gain:
+            return super()._apply(fn, *args, **kwargs)  # it computes in bf16
 
     def extra_repr(self) -> str:
-        return (f"hidden_size={self.hidden_size}, intermediate_size="
-                f"{self.intermediate_size}, impl={self.impl!r}, path={self.path!r}, "
+        return (f"hidden_size={self.hidden_size}, "
+                f"intermediate_size={self.intermediate_size}, "
+                f"impl={self.impl!r}, path={self.path!r}, "
                 f"norm={'fused' if self.norm is not None else None}")
 
 # %% ../book/13_hf.ipynb #9c759578
 def shared_expert_tensors(config: KimiK2Config, layer: int) -> dict:
-    """Name -> (dtype, shape) of MoE layer `layer`'s shared expert: `mlp.shared_experts.
-    {gate,up,down}_proj.{weight,weight_scale_inv}`, width moe_intermediate_size x
-    n_shared_experts."""
-    d, f = config.hidden_size, config.moe_intermediate_size * config.n_shared_experts
+    """Name -> (dtype, shape) of MoE layer `layer`'s shared expert:
+    `mlp.shared_experts.
+    {gate,up,down}_proj.{weight,weight_scale_inv}`, width
+    moe_intermediate_size x n_shared_experts."""
+    d, f = (config.hidden_size,
+            config.moe_intermediate_size * config.n_shared_experts)
     bs = check_fp8_format(config)                   # as for a dense layer
     specs, p = {}, f"model.layers.{layer}.mlp.shared_experts."
     for proj, shape in {"gate_proj": (f, d), "up_proj": (f, d),
                         "down_proj": (d, f)}.items():
         specs[f"{p}{proj}.weight"] = (torch.float8_e4m3fn, shape)
-        specs[f"{p}{proj}.weight_scale_inv"] = (torch.float32, scale_shape(shape, bs))
+        specs[f"{p}{proj}.weight_scale_inv"] = (torch.float32,
+                                                scale_shape(shape, bs))
     return specs
 
 # %% ../book/13_hf.ipynb #9c7595s2
-def load_shared_expert(checkpoint_dir, layer: int, config: KimiK2Config | None = None,
+def load_shared_expert(checkpoint_dir, layer: int,
+                       config: KimiK2Config | None = None,
                        device="cpu") -> Fp8DenseMLP:
-    """MoE layer `layer`'s shared expert, as chapter 6 loads a dense block: the six
-    tensors and nothing else, checked (shapes, dtypes, scales), never unpickled."""
+    """MoE layer `layer`'s shared expert, as chapter 6 loads a dense block:
+    the six tensors and nothing else, checked (shapes, dtypes, scales),
+    never unpickled."""
     root, _ = checkpoint_root(checkpoint_dir)
     config = config or KimiK2Config.from_json(root / "config.json")
-    if config.is_dense_layer(layer) or not 0 <= layer < config.num_hidden_layers:
+    if (config.is_dense_layer(layer)
+            or not 0 <= layer < config.num_hidden_layers):
         raise ValueError(f"layer: expected a mixture-of-experts layer of "
-                         f"[0, {config.num_hidden_layers}) (the dense ones are "
-                         f"{config.dense_layers}), got {layer}")
+                         f"[0, {config.num_hidden_layers}) (the dense ones "
+                         f"are {config.dense_layers}), got {layer}")
     specs, tensors = shared_expert_tensors(config, layer), {}
     for file, names in resolve_tensor_files(root, specs).items():
-        tensors.update(read_tensors(file, {name: specs[name] for name in names}))
+        tensors.update(read_tensors(file,
+                                    {name: specs[name] for name in names}))
         for name in names:
             _check_values(file, name, tensors[name])
     prefix = f"model.layers.{layer}.mlp.shared_experts."
     f = config.moe_intermediate_size * config.n_shared_experts
     with torch.device("meta"):
         mlp = Fp8DenseMLP(config.hidden_size, f, config.weight_block_size)
-    mlp.load_state_dict({n.removeprefix(prefix): t for n, t in tensors.items()},
+    mlp.load_state_dict({n.removeprefix(prefix): t
+                         for n, t in tensors.items()},
                         strict=True, assign=True)
     return mlp.requires_grad_(False).to(device)
 
@@ -155,15 +169,17 @@ LAYERS = ("dense", "dense+shared")
 
 
 def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
-    "(prefix, decoder layers) of a DeepseekV3-style model: `model.layers` or `layers`."
+    """(prefix, decoder layers) of a DeepseekV3-style model: `model.layers` or
+    `layers`."""
     for prefix in ("model.layers", "layers"):
         obj = model
         for name in prefix.split("."):
             obj = getattr(obj, name, None)
         if isinstance(obj, nn.ModuleList):
             return prefix, obj
-    raise TypeError(f"model: expected a DeepseekV3-style model (decoder layers at "
-                    f"model.layers or layers), got {type(model).__name__}")
+    raise TypeError("model: expected a DeepseekV3-style model (decoder "
+                    "layers at model.layers or layers), got "
+                    f"{type(model).__name__}")
 
 # %% ../book/13_hf.ipynb #351ee60d
 @dataclasses.dataclass
@@ -179,9 +195,9 @@ class Swap:
 # %% ../book/13_hf.ipynb #351ee60e
 @dataclasses.dataclass
 class FuseReport:
-    """What `fuse_ffn` replaced, in order (`swaps`); `restore()` puts every original
-    module back, once: the modules it put in stay usable on their own. Until then the
-    model's `save_pretrained` and `state_dict` are refused."""
+    """What `fuse_ffn` replaced, in order (`swaps`); `restore()` puts every
+    original module back, once: the modules it put in stay usable on their own.
+    Until then the model's `save_pretrained` and `state_dict` are refused."""
     impl: str
     layers: str
     swaps: list
@@ -193,19 +209,21 @@ class FuseReport:
             for s in reversed(self.swaps):
                 for name, old in zip(s.names, s.old):
                     setattr(s.parent, name, old)
-            if self.model is not None and "save_pretrained" in vars(self.model):
+            if (self.model is not None
+                    and "save_pretrained" in vars(self.model)):
                 del self.model.save_pretrained
             self.restored = True
 
     def _refuse_save(self, *args, **kwargs):
         raise RuntimeError(
-            "save_pretrained: the model runs fuse_ffn's FusedMLP modules, whose FP8 "
-            "codes and scales a bf16 model would load as its weights; call the "
-            "FuseReport's restore() first, save, and fuse_ffn again after loading "
-            "(nothing was written)")
+            "save_pretrained: the model runs fuse_ffn's FusedMLP modules, "
+            "whose FP8 codes and scales a bf16 model would load as its "
+            "weights; call the FuseReport's restore() first, save, and "
+            "fuse_ffn again after loading (nothing was written)")
 
     def __str__(self) -> str:
-        rows = [f"{s.module}: {s.kind} -> {s.new[-1].extra_repr()}" for s in self.swaps]
+        rows = [f"{s.module}: {s.kind} -> {s.new[-1].extra_repr()}"
+                for s in self.swaps]
         return "\n".join(rows or ["nothing replaced"])
 
 # %% ../book/13_hf.ipynb #6dffd2da
@@ -214,44 +232,52 @@ def _shape(t) -> list:
 
 
 def _check_mlp(name: str, mlp: nn.Module, d: int, f: int) -> None:
-    """`name` (a model's MLP) has gate_proj, up_proj and down_proj with the checkpoint's
-    shapes, and widths that are whole 128-blocks."""
+    """`name` (a model's MLP) has gate_proj, up_proj and down_proj with the
+    checkpoint's shapes, and widths that are whole 128-blocks."""
     want = {"gate_proj": [f, d], "up_proj": [f, d], "down_proj": [d, f]}
-    got = {p: _shape(getattr(getattr(mlp, p, None), "weight", None)) for p in want}
+    got = {p: _shape(getattr(getattr(mlp, p, None), "weight", None))
+           for p in want}
     if None in got.values():
-        raise TypeError(f"{name}: expected a SwiGLU MLP with gate_proj, up_proj and "
-                        f"down_proj weights (DeepseekV3MLP), got {type(mlp).__name__}")
+        raise TypeError(f"{name}: expected a SwiGLU MLP with gate_proj, "
+                        "up_proj and down_proj weights (DeepseekV3MLP), got "
+                        f"{type(mlp).__name__}")
     for p, shape in want.items():
         if got[p] != shape:
             raise ValueError(f"{name}.{p}.weight: expected shape {shape} (the "
                              f"checkpoint's), got {got[p]}")
     if d % 128 or f % 128:
-        raise ValueError(f"{name}: expected widths that are multiples of 128 (whole "
-                         f"128 x 128 blocks, as in every Kimi K2 and DeepSeek-V3 "
-                         f"layer), got hidden {d}, intermediate {f}")
+        raise ValueError(f"{name}: expected widths that are multiples of 128 "
+                         "(whole 128 x 128 blocks, as in every Kimi K2 and "
+                         "DeepSeek-V3 layer), "
+                         f"got hidden {d}, intermediate {f}")
 
 
 def _check_norm(name: str, norm: nn.Module, d: int, eps: float) -> None:
-    "`name` (a dense layer's post_attention_layernorm): the checkpoint's RMSNorm."
+    """`name` (a dense layer's post_attention_layernorm): the
+    checkpoint's RMSNorm."""
     got = _shape(getattr(norm, "weight", None))
     have = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
     if got != [d] or have != eps:
-        raise ValueError(f"{name}: expected an RMSNorm over {d} features with eps "
-                         f"{eps} (the checkpoint's), got {type(norm).__name__} with "
-                         f"weight {got} and eps {have}")
+        raise ValueError(f"{name}: expected an RMSNorm over {d} features with "
+                         f"eps {eps} (the checkpoint's), "
+                         f"got {type(norm).__name__} with weight {got} "
+                         f"and eps {have}")
 
 
-def _target_device(name: str, module: nn.Module, device, impl: str) -> torch.device:
-    """Where the new module lives: `device`, else the replaced one's (the CPU for a
-    module on the meta device); refused where `impl` cannot run, and the meta device,
-    which would hold no data."""
+def _target_device(name: str, module: nn.Module, device,
+                   impl: str) -> torch.device:
+    """Where the new module lives: `device`, else the replaced one's (the CPU
+    for a module on the meta device); refused where `impl` cannot run, and the
+    meta device, which would hold no data."""
     if device is None:
         w = next(module.parameters(), None)
-        device = w.device if w is not None and w.device.type != "meta" else "cpu"
+        device = (w.device if w is not None and w.device.type != "meta"
+                  else "cpu")
     device = torch.device(device)
     if device.type == "meta":
         raise ValueError(f"{name}: device: expected a device that holds the "
-                         f"checkpoint's FP8 tensors (the CPU or a GPU), got meta")
+                         "checkpoint's FP8 tensors (the CPU or a GPU), "
+                         "got meta")
     if impl != "fused":
         return device
     if device.type == "cuda":
@@ -260,40 +286,46 @@ def _target_device(name: str, module: nn.Module, device, impl: str) -> torch.dev
         except RuntimeError as e:
             raise RuntimeError(f"{name}: impl 'fused': {e}") from None
     elif device.type != "cpu" or not kernels.INTERPRETED:
-        where = ("the kernels were compiled for CUDA (TRITON_INTERPRET=1 before the "
-                 "import runs them on the CPU)" if device.type == "cpu" else
-                 "Triton runs on CUDA GPUs and, through its interpreter, on the CPU")
-        raise RuntimeError(f"{name}: impl 'fused': expected a device the kernels "
-                           f"serve, got {device}: {where}")
+        where = ("the kernels were compiled for CUDA (TRITON_INTERPRET=1 "
+                 "before the import runs them on the CPU)"
+                 if device.type == "cpu" else
+                 "Triton runs on CUDA GPUs and, through its interpreter, "
+                 "on the CPU")
+        raise RuntimeError(f"{name}: impl 'fused': expected a device the "
+                           f"kernels serve, got {device}: {where}")
     return device
 
 # %% ../book/13_hf.ipynb #86d02932
-def _check_model(model: nn.Module, config: KimiK2Config, layers: str, impl: str):
-    "The arguments and the model's architecture against the checkpoint's config."
+def _check_model(model: nn.Module, config: KimiK2Config, layers: str,
+                 impl: str):
+    """The arguments and the model's architecture against the checkpoint's
+    config."""
     if layers not in LAYERS:
         raise ValueError(f"layers: expected one of {LAYERS}, got {layers!r}")
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
-    check_fp8_format(config)                        # before any module is looked at
+    check_fp8_format(config)                   # before any module is looked at
     act = getattr(getattr(model, "config", None), "hidden_act", "silu")
     for where, got in (("model.config.hidden_act", act),
                        ("the checkpoint's hidden_act", config.hidden_act)):
         if got != "silu":
-            raise ValueError(f"{where}: expected 'silu' (SwiGLU, what these kernels "
-                             f"compute), got {got!r}")
+            raise ValueError(f"{where}: expected 'silu' (SwiGLU, what these "
+                             f"kernels compute), got {got!r}")
     dtype = getattr(model, "dtype", torch.bfloat16)
     if dtype != torch.bfloat16:
-        raise TypeError(f"model: expected torch.bfloat16 (the kernels' hidden states), "
-                        f"got {dtype}")
+        raise TypeError("model: expected torch.bfloat16 (the kernels' hidden "
+                        f"states), got {dtype}")
     prefix, blocks = decoder_layers(model)
     if len(blocks) != config.num_hidden_layers:
-        raise ValueError(f"{prefix}: expected {config.num_hidden_layers} decoder "
-                         f"layers (the checkpoint's), got {len(blocks)}")
+        raise ValueError(f"{prefix}: expected {config.num_hidden_layers} "
+                         "decoder layers (the checkpoint's), got "
+                         f"{len(blocks)}")
     check_layout(prefix, blocks, config, "the checkpoint's config")
     return prefix, blocks
 
 
-def check_layout(prefix: str, blocks, config: KimiK2Config, whose: str) -> None:
+def check_layout(prefix: str, blocks, config: KimiK2Config,
+                 whose: str) -> None:
     """Each decoder layer's `mlp` is of the kind `config` gives it: dense where
     `is_dense_layer`, a mixture of experts (with `experts`) elsewhere."""
     for i, layer in enumerate(blocks):
@@ -302,68 +334,74 @@ def check_layout(prefix: str, blocks, config: KimiK2Config, whose: str) -> None:
         if dense == moe:
             want = "a dense MLP" if dense else "a mixture of experts"
             raise ValueError(
-                f"{prefix}.{i}.mlp: expected {want}, as {whose} makes layer {i} "
-                f"(first_k_dense_replace {config.first_k_dense_replace}, "
-                f"moe_layer_freq {config.moe_layer_freq}), got {type(mlp).__name__}")
+                f"{prefix}.{i}.mlp: expected {want}, as {whose} makes layer "
+                f"{i} (first_k_dense_replace {config.first_k_dense_replace}, "
+                f"moe_layer_freq {config.moe_layer_freq}), got "
+                f"{type(mlp).__name__}")
 
 # %% ../book/13_hf.ipynb #d6a43374
 def _dense_swap(name, layer, i, root, config, impl, device) -> Swap:
-    "Layer i's post_attention_layernorm and mlp -> Identity, FusedMLP with the norm."
+    """Layer i's post_attention_layernorm and mlp -> Identity, FusedMLP with
+    the norm."""
     d, f = config.hidden_size, config.intermediate_size
     if isinstance(getattr(layer, "mlp", None), FusedMLP):
-        raise ValueError(f"{name}.mlp: expected the model's own MLP, got a FusedMLP "
-                         "(fused already: call that report's restore() first)")
+        raise ValueError(f"{name}.mlp: expected the model's own MLP, got a "
+                         "FusedMLP (fused already: call that report's "
+                         "restore() first)")
     _check_mlp(f"{name}.mlp", getattr(layer, "mlp", None), d, f)
     _check_norm(f"{name}.post_attention_layernorm",
                 getattr(layer, "post_attention_layernorm", None), d,
                 config.rms_norm_eps)
     dev = _target_device(f"{name}.mlp", layer.mlp, device, impl)
     block = load_dense_block(root, i, config, device=dev)
-    new = (nn.Identity(), FusedMLP(block.mlp, block.post_attention_layernorm, impl))
+    new = (nn.Identity(),
+           FusedMLP(block.mlp, block.post_attention_layernorm, impl))
     return Swap(f"{name}.mlp", "dense FFN: norm and MLP", layer,
                 ("post_attention_layernorm", "mlp"),
                 (layer.post_attention_layernorm, layer.mlp), new)
 
 # %% ../book/13_hf.ipynb #d6a433s2
 def _shared_swap(name, layer, i, root, config, impl, device) -> Swap:
-    "MoE layer i's mlp.shared_experts -> a FusedMLP (no norm: it quantizes x itself)."
+    """MoE layer i's mlp.shared_experts -> a FusedMLP (no norm:
+    it quantizes x itself)."""
     moe = getattr(layer, "mlp", None)
     shared = getattr(moe, "shared_experts", None)
     if shared is None:
         raise TypeError(f"{name}.mlp: expected a mixture-of-experts MLP with "
-                        f"shared_experts (the checkpoint's layer {i} is one), got "
-                        f"{type(moe).__name__}")
+                        f"shared_experts (the checkpoint's layer {i} is one), "
+                        f"got {type(moe).__name__}")
     if isinstance(shared, FusedMLP):
-        raise ValueError(f"{name}.mlp.shared_experts: expected the model's own MLP, "
-                         "got a FusedMLP (fused already: call that report's restore() "
-                         "first)")
+        raise ValueError(f"{name}.mlp.shared_experts: expected the model's "
+                         "own MLP, got a FusedMLP (fused already: call that "
+                         "report's restore() first)")
     f = config.moe_intermediate_size * config.n_shared_experts
     _check_mlp(f"{name}.mlp.shared_experts", shared, config.hidden_size, f)
     dev = _target_device(f"{name}.mlp.shared_experts", shared, device, impl)
     mlp = load_shared_expert(root, i, config, device=dev)
-    return Swap(f"{name}.mlp.shared_experts", "shared expert", moe, ("shared_experts",),
-                (shared,), (FusedMLP(mlp, None, impl),))
+    return Swap(f"{name}.mlp.shared_experts", "shared expert", moe,
+                ("shared_experts",), (shared,), (FusedMLP(mlp, None, impl),))
 
 # %% ../book/13_hf.ipynb #5aadb6ef
 def fuse_ffn(model: nn.Module, checkpoint_dir, layers: str = "dense",
              impl: str = "fused", device=None) -> FuseReport:
-    """Run the FFN of a DeepseekV3-style model (Hugging Face's, or Kimi K2's own, with
-    the same names) from the FP8 codes and scales of `checkpoint_dir`, read with chapter
-    6's loader, never dequantized. layers "dense": each dense layer's
-    `post_attention_layernorm` becomes an Identity and its `mlp` a `FusedMLP` holding
-    the norm, so the layer's own `residual + mlp(norm(h))` runs the norm fused into the
-    first launch; "dense+shared": also every MoE layer's `mlp.shared_experts`. impl:
-    see `FusedMLP`. device: where the new modules live (default: the replaced module's;
-    the CPU for one on the meta device). Every module is checked and loaded before the
-    first is replaced: an error leaves the model as it was. Returns a `FuseReport`; its
-    `restore()` puts the originals back."""
+    """Run the FFN of a DeepseekV3-style model (Hugging Face's, or Kimi K2's
+    own, with the same names) from the FP8 codes and scales of
+    `checkpoint_dir`, read with chapter 6's loader, never dequantized.
+    layers "dense": each dense layer's `post_attention_layernorm` becomes an
+    Identity and its `mlp` a `FusedMLP` holding the norm, so the layer's own
+    `residual + mlp(norm(h))` runs the norm fused into the first launch;
+    "dense+shared": also every MoE layer's `mlp.shared_experts`. impl: see
+    `FusedMLP`. device: where the new modules live (default: the replaced
+    module's; the CPU for one on the meta device). Every module is checked and
+    loaded before the first is replaced: an error leaves the model as it was.
+    Returns a `FuseReport`; its `restore()` puts the originals back."""
     root, _ = checkpoint_root(checkpoint_dir)
     config = KimiK2Config.from_json(root / "config.json")
     prefix, blocks = _check_model(model, config, layers, impl)
     if layers == "dense" and not config.dense_layers:
-        raise ValueError("layers: expected a checkpoint with a dense layer for "
-                         "'dense', got one without (first_k_dense_replace 0); "
-                         "'dense+shared' fuses its shared experts")
+        raise ValueError("layers: expected a checkpoint with a dense layer "
+                         "for 'dense', got one without (first_k_dense_replace "
+                         "0); 'dense+shared' fuses its shared experts")
     swaps = []
     for i, layer in enumerate(blocks):
         args = (f"{prefix}.{i}", layer, i, root, config, impl, device)
@@ -371,7 +409,7 @@ def fuse_ffn(model: nn.Module, checkpoint_dir, layers: str = "dense",
             swaps.append(_dense_swap(*args))
         elif layers == "dense+shared":
             swaps.append(_shared_swap(*args))
-    for s in swaps:                           # all checked and loaded: now replace
+    for s in swaps:                       # all checked and loaded: now replace
         for name, new in zip(s.names, s.new):
             setattr(s.parent, name, new)
     report = FuseReport(impl, layers, swaps, model=model)
@@ -381,8 +419,9 @@ def fuse_ffn(model: nn.Module, checkpoint_dir, layers: str = "dense",
 
 # %% ../book/13_hf.ipynb #70ecdfba
 def fp8_config(model_config) -> KimiK2Config:
-    """The KimiK2Config of a DeepseekV3-style model's Hugging Face config, with the
-    checkpoint's FP8 format: e4m3, dynamic activations, 128 x 128 weight blocks."""
+    """The KimiK2Config of a DeepseekV3-style model's Hugging Face config, with
+    the checkpoint's FP8 format: e4m3, dynamic activations, 128 x 128 weight
+    blocks."""
     d = (model_config.to_dict() if hasattr(model_config, "to_dict")
          else dict(model_config))
     return KimiK2Config.from_dict({**d, "quantization_config": {
@@ -391,16 +430,17 @@ def fp8_config(model_config) -> KimiK2Config:
 
 # %% ../book/13_hf.ipynb #70ecdfs2
 def _ffn_weights(layers, config: KimiK2Config) -> dict:
-    """Name -> tensor of every FFN weight `save_fp8_ffn` writes (each dense layer's
-    norm gain and MLP, each MoE layer's shared expert), each holding data."""
+    """Name -> tensor of every FFN weight `save_fp8_ffn` writes (each
+    dense layer's norm gain and MLP, each MoE layer's shared expert), each
+    holding data."""
     out = {}
     for i, layer in enumerate(layers):
         p = f"model.layers.{i}."
         for name, mod in layer.named_modules(prefix=p.rstrip(".")):
-            if isinstance(mod, FusedMLP):      # its weights are codes, not values
-                raise ValueError(f"{name}: expected the model's own MLP, got a "
-                                 "FusedMLP (fuse_ffn); call the FuseReport's "
-                                 "restore() before save_fp8_ffn")
+            if isinstance(mod, FusedMLP):  # its weights are codes, not values
+                raise ValueError(f"{name}: expected the model's own MLP, got "
+                                 "a FusedMLP (fuse_ffn); call the "
+                                 "FuseReport's restore() before save_fp8_ffn")
         if config.is_dense_layer(i):
             mlp = layer.mlp
             out[p + "post_attention_layernorm.weight"] = \
@@ -412,17 +452,19 @@ def _ffn_weights(layers, config: KimiK2Config) -> dict:
             out[f"{p}{proj}.weight"] = getattr(mlp, proj).weight
     for name, t in out.items():
         if t.is_meta:
-            raise ValueError(f"{name}: expected a tensor with data, got one on the "
-                             "meta device (load the model's weights first)")
+            raise ValueError(f"{name}: expected a tensor with data, got one "
+                             "on the meta device "
+                             "(load the model's weights first)")
     return out
 
 # %% ../book/13_hf.ipynb #70ecdfbb
 def save_fp8_ffn(model: nn.Module, path) -> Path:
-    """Write the FFN tensors of a bf16 DeepseekV3-style model as a Kimi-format FP8
-    checkpoint in `path`: each dense layer's `post_attention_layernorm.weight` and MLP,
-    each MoE layer's shared expert, the weights quantized by chapter 5's
-    `quantize_weight_blockwise`; `config.json` and one `model.safetensors` (no pickle),
-    written all or nothing into a new directory (appendix A's `atomic_directory`). For
+    """Write the FFN tensors of a bf16 DeepseekV3-style model as a Kimi-format
+    FP8 checkpoint in `path`: each dense layer's
+    `post_attention_layernorm.weight` and MLP, each MoE layer's shared expert,
+    the weights quantized by chapter 5's `quantize_weight_blockwise`;
+    `config.json` and one `model.safetensors` (no pickle), written all or
+    nothing into a new directory (appendix A's `atomic_directory`). For
     examples and tests: a real checkpoint comes quantized."""
     from safetensors.torch import save_file
     config, (prefix, layers) = fp8_config(model.config), decoder_layers(model)
@@ -434,8 +476,9 @@ def save_fp8_ffn(model: nn.Module, path) -> Path:
         else:
             q, s = quantize_weight_blockwise(w.detach().float())
             tensors[name], tensors[name + "_scale_inv"] = q, s
-    with atomic_directory(path) as tmp:      # all or nothing, into a new directory
-        (tmp / "config.json").write_text(json.dumps(config.to_dict(), indent=1))
+    with atomic_directory(path) as tmp:  # all or nothing, into a new directory
+        (tmp / "config.json").write_text(
+            json.dumps(config.to_dict(), indent=1))
         save_file({k: v.contiguous().cpu() for k, v in tensors.items()},
                   str(tmp / "model.safetensors"), metadata={"format": "pt"})
     return Path(path)

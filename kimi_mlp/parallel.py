@@ -16,7 +16,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from . import kernels  # imported first: the interpreter when there is no GPU
+# imported first: the interpreter when there is no GPU
+from . import kernels
 from . import gpus     # appendix G: the GPU families
 from .checkpoint import (SCALE_RANGE, _check_layer, _check_nan_codes,
                                  _check_values, _empty_bytes,
@@ -24,9 +25,10 @@ from .checkpoint import (SCALE_RANGE, _check_layer, _check_nan_codes,
                                  dense_block_tensors)
 from .config import KimiK2Config
 from .fp8 import Fp8DenseMLP, fp8_matmul_blockwise, quantize_activation
-from .fused import (FfnTensors, _check_hidden, ffn_tensors, fused_launch_costs,
-                            launch_floor_s)
-from .kernels import QUANT_BLOCK   # weight blocks 128 x 128, groups 1 x 128
+from .fused import (FfnTensors, _check_hidden, ffn_tensors,
+                            fused_launch_costs, launch_floor_s)
+# weight blocks 128 x 128, groups 1 x 128
+from .kernels import QUANT_BLOCK
 from .rmsnorm import RMSNorm, rms_norm
 from .safetensors_io import (CheckpointError, checkpoint_root,
                                      open_regular_file, read_layout,
@@ -34,23 +36,27 @@ from .safetensors_io import (CheckpointError, checkpoint_root,
 from .swiglu import silu
 
 # %% auto #0
-__all__ = ['IMPLS', 'REDUCE_DTYPES', 'EPS_F32', 'LINK_BYTES_PER_S', 'valid_degrees', 'check_degree', 'shard_range',
-           'shard_windows', 'TensorParallelFFN', 'slice_block', 'ffn_partial', 'tp_ffn_block', 'gamma',
-           'sharded_sum_bound', 'down_abs_terms', 'load_dense_shard', 'shard_bytes', 'rchar', 'spawn_ranks',
-           'seeded_tokens', 'tp_rank_run', 'single_rank_reference', 'compare_with_single_rank', 'main',
-           'ring_allreduce_s', 'rank_floor_s', 'time_all_reduce']
+__all__ = ['IMPLS', 'REDUCE_DTYPES', 'EPS_F32', 'LINK_BYTES_PER_S',
+           'valid_degrees', 'check_degree', 'shard_range', 'shard_windows',
+           'TensorParallelFFN', 'slice_block', 'ffn_partial', 'tp_ffn_block',
+           'gamma', 'sharded_sum_bound', 'down_abs_terms', 'load_dense_shard',
+           'shard_bytes', 'rchar', 'spawn_ranks', 'seeded_tokens',
+           'tp_rank_run', 'single_rank_reference', 'compare_with_single_rank',
+           'main', 'ring_allreduce_s', 'rank_floor_s', 'time_all_reduce']
 
 # %% ../book/12_parallel.ipynb #ebb173a6
 def valid_degrees(intermediate_size: int) -> list[int]:
-    "The degrees P that cut `intermediate_size` into P equal runs of whole 128-blocks."
+    """The degrees P that cut `intermediate_size` into P equal runs of whole
+    128-blocks."""
     if intermediate_size % QUANT_BLOCK:
-        return [1]                              # a partial last block: no cut is clean
+        return [1]                      # a partial last block: no cut is clean
     blocks = intermediate_size // QUANT_BLOCK
     return [p for p in range(1, blocks + 1) if blocks % p == 0]
 
 
 def check_degree(intermediate_size: int, world_size) -> int:
-    "`world_size` if it cuts no 128-block of `intermediate_size`; else a ValueError."
+    """`world_size` if it cuts no 128-block of `intermediate_size`;
+    else a ValueError."""
     ok = valid_degrees(intermediate_size)
     if (isinstance(world_size, bool) or not isinstance(world_size, int)
             or world_size not in ok):
@@ -63,22 +69,26 @@ def check_degree(intermediate_size: int, world_size) -> int:
     return world_size
 
 
-def shard_range(intermediate_size: int, rank: int, world_size: int) -> tuple[int, int]:
+def shard_range(intermediate_size: int, rank: int,
+                world_size: int) -> tuple[int, int]:
     "The features [f0, f1) of the intermediate dimension that `rank` owns."
     check_degree(intermediate_size, world_size)
     if (isinstance(rank, bool) or not isinstance(rank, int)
             or not 0 <= rank < world_size):
-        raise ValueError(f"rank: expected an int in [0, {world_size}), got {rank!r}")
+        raise ValueError(f"rank: expected an int in [0, {world_size}), "
+                         f"got {rank!r}")
     n = intermediate_size // world_size
     return rank * n, (rank + 1) * n
 
 # %% ../book/12_parallel.ipynb #b6974962
-def shard_windows(hidden_size: int, intermediate_size: int, rank: int, world_size: int,
-                  prefix: str = "") -> dict[str, tuple[slice, slice]]:
-    """(rows, columns) of each FFN tensor that `rank` holds, keyed by its name (after
-    `prefix`). gate_proj, up_proj: weight rows [f0, f1) of [F, d] and their scale rows
-    [f0/128, f1/128); down_proj: weight columns [f0, f1) of [d, F] and their scale
-    columns; the gain [d]: all of it (as the one row of a [1, d])."""
+def shard_windows(hidden_size: int, intermediate_size: int, rank: int,
+                  world_size: int, prefix: str = ""
+                  ) -> dict[str, tuple[slice, slice]]:
+    """(rows, columns) of each FFN tensor that `rank` holds, keyed by its name
+    (after `prefix`). gate_proj, up_proj: weight rows [f0, f1) of [F, d] and
+    their scale rows [f0/128, f1/128); down_proj: weight columns [f0, f1) of
+    [d, F] and their scale columns; the gain [d]: all of it (as the one row of
+    a [1, d])."""
     f0, f1 = shard_range(intermediate_size, rank, world_size)
     rows, every = slice(f0, f1), slice(None)
     blocks = slice(f0 // QUANT_BLOCK, f1 // QUANT_BLOCK)
@@ -92,16 +102,17 @@ def shard_windows(hidden_size: int, intermediate_size: int, rank: int, world_siz
 
 # %% ../book/12_parallel.ipynb #6380712c
 class TensorParallelFFN(nn.Module):
-    """Rank `rank`'s part of the FFN half of a dense block split `world_size` ways.
+    """Rank `rank`'s part of the FFN half of a dense block split
+    `world_size` ways.
 
-    tensors: keyed like `ResidualBlock.state_dict()`, already cut by `shard_windows`:
-    the whole `post_attention_layernorm.weight` [d]; `mlp.gate_proj` and `mlp.up_proj`
-    weight [F/P, d] e4m3 with weight_scale_inv [F/P/128, ceil(d/128)]; `mlp.down_proj`
-    weight [d, F/P] with weight_scale_inv [ceil(d/128), F/P/128]. Held as an RMSNorm
-    and an `Fp8DenseMLP(d, F/P)`, so chapter 10's `ffn_tensors` reads it like a block.
-    forward(h, group) -> h + the all-reduced MLP output, the same on every rank.
-    """
-
+    tensors: keyed like `ResidualBlock.state_dict()`, already cut by
+    `shard_windows`: the whole `post_attention_layernorm.weight` [d];
+    `mlp.gate_proj` and `mlp.up_proj` weight [F/P, d] e4m3 with
+    weight_scale_inv [F/P/128, ceil(d/128)]; `mlp.down_proj` weight [d, F/P]
+    with weight_scale_inv [ceil(d/128), F/P/128]. Held as an RMSNorm and an
+    `Fp8DenseMLP(d, F/P)`, so chapter 10's `ffn_tensors` reads it like a block.
+    forward(h, group) -> h + the all-reduced MLP output, the same
+    on every rank."""
     def __init__(self, tensors: dict, rank: int, world_size: int,
                  intermediate_size: int, eps: float = 1e-6):
         super().__init__()
@@ -109,14 +120,16 @@ class TensorParallelFFN(nn.Module):
         gain = tensors["post_attention_layernorm.weight"]
         d = gain.shape[0]
         with torch.device("meta"):
-            self.post_attention_layernorm = RMSNorm(d, eps=eps, dtype=gain.dtype)
+            self.post_attention_layernorm = RMSNorm(d, eps=eps,
+                                                    dtype=gain.dtype)
             self.mlp = Fp8DenseMLP(d, f1 - f0, mode="w8a8")
         self.load_state_dict(tensors, strict=True, assign=True)
         self.requires_grad_(False)
         self.rank, self.world_size, self.features = rank, world_size, (f0, f1)
         self.intermediate_size = intermediate_size
 
-    def forward(self, h, group=None, impl: str = "fused", reduce_dtype=torch.float32):
+    def forward(self, h, group=None, impl: str = "fused",
+                reduce_dtype=torch.float32):
         return tp_ffn_block(h, self, group, impl, reduce_dtype)
 
     def extra_repr(self) -> str:
@@ -124,7 +137,8 @@ class TensorParallelFFN(nn.Module):
         return f"rank {self.rank} of {self.world_size}: features [{f0}, {f1})"
 
 # %% ../book/12_parallel.ipynb #8b3997e4
-_FFN_KEYS = tuple(shard_windows(128, 128, 0, 1))    # the FFN half's state_dict keys
+# the FFN half's state_dict keys
+_FFN_KEYS = tuple(shard_windows(128, 128, 0, 1))
 
 
 def _window(t: torch.Tensor, window: tuple[slice, slice]) -> torch.Tensor:
@@ -133,107 +147,119 @@ def _window(t: torch.Tensor, window: tuple[slice, slice]) -> torch.Tensor:
     return t[cols] if t.dim() == 1 else t[rows, cols]
 
 
-def slice_block(block: nn.Module, rank: int, world_size: int) -> TensorParallelFFN:
-    """Rank `rank`'s `TensorParallelFFN` cut from an unsharded block in memory (what
-    `load_dense_block` or `random_dense_block` returns): copies of its windows."""
+def slice_block(block: nn.Module, rank: int,
+                world_size: int) -> TensorParallelFFN:
+    """Rank `rank`'s `TensorParallelFFN` cut from an unsharded block
+    in memory (what `load_dense_block` or `random_dense_block` returns):
+    copies of its windows."""
     t = ffn_tensors(block)
-    windows = shard_windows(t.hidden_size, t.intermediate_size, rank, world_size)
+    windows = shard_windows(t.hidden_size, t.intermediate_size, rank,
+                            world_size)
     state = {k: v for k, v in block.state_dict().items() if k in _FFN_KEYS}
-    cut = {k: _window(v, windows[k]).contiguous().clone() for k, v in state.items()}
+    cut = {k: _window(v, windows[k]).contiguous().clone()
+           for k, v in state.items()}
     return TensorParallelFFN(cut, rank, world_size, t.intermediate_size, t.eps)
 
 # %% ../book/12_parallel.ipynb #9d4ebc94
 IMPLS = ("fused", "torch")
 
-
+# %% ../book/12_parallel.ipynb #9d4ebcs1
 def ffn_partial(rows: torch.Tensor, t: FfnTensors, impl: str = "fused",
                 full_width: int | None = None) -> dict:
     """What one rank computes before the all-reduce, from the tensors `t` of
-    `ffn_tensors`. rows: [M, d] bf16, the whole residual stream. Returns `x_fp8` [M, d]
-    and `x_scale` [M, d/128] (the normalized input, quantized: the same on every rank),
-    `p_fp8` [M, F/P] and `p_scale` [M, F/P/128] (this rank's features of the gated
-    product), and `y` [M, d] float32, this rank's share of the down projection.
-    impl "fused": chapter 10's kernels, launch 3 in float32 and without its residual;
-    "torch": chapter 5's w8a8 forward. full_width: the unsharded F, whose plan then
-    fixes the gate/up GEMM's K slices (a shard's own plan may cut K otherwise, and
-    float32 sums in other slices would flip codes of p)."""
+    `ffn_tensors`. rows: [M, d] bf16, the whole residual stream. Returns
+    `x_fp8` [M, d] and `x_scale` [M, d/128] (the normalized input, quantized:
+    the same on every rank), `p_fp8` [M, F/P] and `p_scale` [M, F/P/128] (this
+    rank's features of the gated product), and `y` [M, d] float32, this rank's
+    share of the down projection. impl "fused": chapter 10's kernels, launch 3
+    in float32 and without its residual; "torch": chapter 5's w8a8 forward.
+    full_width: the unsharded F, whose plan then fixes the gate/up GEMM's K
+    slices (a shard's own plan may cut K otherwise, and float32 sums in other
+    slices would flip codes of p)."""
     if impl not in IMPLS:
         raise ValueError(f"impl: expected one of {IMPLS}, got {impl!r}")
     gain, eps = t.norm_weight, t.eps
     w = [t.gate, t.gate_scale, t.up, t.up_scale, t.down, t.down_scale]
     if impl == "fused":
         x_fp8, x_scale = kernels.rmsnorm_quant(rows, gain, eps)
-        split = None if full_width is None or rows.shape[0] == 0 else kernels._plan_for(
-            "gate_up", rows.shape[0], full_width, t.hidden_size, rows.device)["split_k"]
-        p_fp8, p_scale = kernels.fp8_gate_up_swiglu_quant(x_fp8, x_scale, *w[:4],
-                                                          split_k=split)
+        split = (None if full_width is None or rows.shape[0] == 0
+                 else kernels._plan_for("gate_up", rows.shape[0], full_width,
+                                        t.hidden_size, rows.device)["split_k"])
+        p_fp8, p_scale = kernels.fp8_gate_up_swiglu_quant(
+            x_fp8, x_scale, *w[:4], split_k=split)
         y = kernels.fp8_gemm(p_fp8, p_scale, *w[4:], out_dtype=torch.float32)
     else:
         x_fp8, x_scale = quantize_activation(rms_norm(rows, gain, eps))
-        g = fp8_matmul_blockwise(x_fp8, x_scale, *w[:2])              # [M, F/P] fp32
+        g = fp8_matmul_blockwise(x_fp8, x_scale, *w[:2])  # [M, F/P] fp32
         u = fp8_matmul_blockwise(x_fp8, x_scale, *w[2:4])
         p_fp8, p_scale = quantize_activation(silu(g) * u)
-        y = fp8_matmul_blockwise(p_fp8, p_scale, *w[4:])              # [M, d] fp32
-    return {"x_fp8": x_fp8, "x_scale": x_scale, "p_fp8": p_fp8, "p_scale": p_scale,
-            "y": y}
+        y = fp8_matmul_blockwise(p_fp8, p_scale, *w[4:])  # [M, d] fp32
+    return {"x_fp8": x_fp8, "x_scale": x_scale, "p_fp8": p_fp8,
+            "p_scale": p_scale, "y": y}
 
 # %% ../book/12_parallel.ipynb #c82c4bf5
 REDUCE_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def tp_ffn_block(h: torch.Tensor, shard: nn.Module, group=None, impl: str = "fused",
-                 reduce_dtype=torch.float32, parts: dict | None = None) -> torch.Tensor:
-    """`h + mlp(post_attention_layernorm(h))` across the ranks of `group` (default all).
+def tp_ffn_block(h: torch.Tensor, shard: nn.Module, group=None,
+                 impl: str = "fused", reduce_dtype=torch.float32,
+                 parts: dict | None = None) -> torch.Tensor:
+    """`h + mlp(post_attention_layernorm(h))` across the ranks of
+    `group` (default all).
 
     h: [B, T, d] or [M, d] bf16, the same on every rank; shard: this rank's
-    `TensorParallelFFN`. Each rank computes its partial `y` (`ffn_partial`), one
-    all-reduce in `reduce_dtype` sums them, and each rank adds the residual once, as the
-    unsharded block does: `out = bf16(h + bf16(y))`. Returns h's shape, bf16, the same
-    on every rank. parts: a dict that receives `ffn_partial`'s tensors, `y` reduced.
+    `TensorParallelFFN`. Each rank computes its partial `y` (`ffn_partial`),
+    one all-reduce in `reduce_dtype` sums them, and each rank adds the residual
+    once, as the unsharded block does: `out = bf16(h + bf16(y))`. Returns h's
+    shape, bf16, the same on every rank. parts: a dict that receives
+    `ffn_partial`'s tensors, `y` reduced.
     """
     if reduce_dtype not in REDUCE_DTYPES:
         raise ValueError(f"reduce_dtype: expected one of {REDUCE_DTYPES}, "
                          f"got {reduce_dtype!r}")
     ranks = dist.get_world_size(group) if dist.is_initialized() else 1
     if ranks != shard.world_size:
-        raise ValueError(f"group: expected {shard.world_size} ranks (the shard's "
-                         f"degree), got {ranks}")
+        raise ValueError(f"group: expected {shard.world_size} ranks (the "
+                         f"shard's degree), got {ranks}")
     t = ffn_tensors(shard)
     _check_hidden(h, t.hidden_size, t.norm_weight.device)
     rows = h.reshape(-1, t.hidden_size).contiguous()
     p = ffn_partial(rows, t, impl, full_width=shard.intermediate_size)
-    y = p["y"].to(reduce_dtype)                                # this rank's 128-steps
+    y = p["y"].to(reduce_dtype)  # this rank's 128-steps
     if ranks > 1:
-        dist.all_reduce(y, op=dist.ReduceOp.SUM, group=group)  # + every other rank's
+        # + every other rank's
+        dist.all_reduce(y, op=dist.ReduceOp.SUM, group=group)
     if parts is not None:
         parts.update(p, y=y)
-    return (y.to(torch.bfloat16) + rows).reshape(h.shape)      # the residual, once
+    return (y.to(torch.bfloat16) + rows).reshape(h.shape)  # the residual, once
 
 # %% ../book/12_parallel.ipynb #03742406
 EPS_F32 = 2.0**-24  # float32's unit roundoff
 
 
 def gamma(k: int, eps: float = EPS_F32) -> float:
-    "Higham's gamma_k = k eps / (1 - k eps): the most that k roundings compound to."
+    """Higham's gamma_k = k eps / (1 - k eps): the most that k roundings
+    compound to."""
     return k * eps / (1 - k * eps)
 
 
 def sharded_sum_bound(n_steps: int, world_size: int) -> float:
     """c such that |y_P - y_1| <= c * sum_k |t_k| for every output of the down
-    projection: y_1 adds the n_steps terms t_k in one chain (n - 1 additions on the
-    longest path), y_P n/P of them on each rank and then the P partial sums (P - 1 more
-    at most); 2 eps_f32 covers a term rounded alone in one sum and fused into an add in
-    the other."""
+    projection: y_1 adds the n_steps terms t_k in one chain (n - 1 additions on
+    the longest path), y_P n/P of them on each rank and then the P partial sums
+    (P - 1 more at most); 2 eps_f32 covers a term rounded alone in one sum and
+    fused into an add in the other."""
     depth_p = n_steps // world_size - 1 + world_size - 1
     return gamma(n_steps - 1) + gamma(depth_p) + 2 * EPS_F32
 
 
 def down_abs_terms(p_fp8, p_scale, weight, weight_scale_inv) -> torch.Tensor:
-    """sum_k |t_k| per output, [M, N] float64, where t_k is the float32 term that
-    `fp8_matmul_blockwise` adds at K step k (the exact 128-term dot, times the two
-    scales)."""
+    """sum_k |t_k| per output, [M, N] float64, where t_k is the float32 term
+    that `fp8_matmul_blockwise` adds at K step k (the exact 128-term dot, times
+    the two scales)."""
     n = weight.shape[0]
-    total = torch.zeros(p_fp8.shape[0], n, dtype=torch.float64, device=p_fp8.device)
+    total = torch.zeros(p_fp8.shape[0], n, dtype=torch.float64,
+                        device=p_fp8.device)
     for kb in range(weight_scale_inv.shape[1]):
         cols = slice(kb * QUANT_BLOCK, (kb + 1) * QUANT_BLOCK)
         w_scale = weight_scale_inv[:, kb].repeat_interleave(QUANT_BLOCK)[:n]
@@ -242,18 +268,20 @@ def down_abs_terms(p_fp8, p_scale, weight, weight_scale_inv) -> torch.Tensor:
     return total
 
 # %% ../book/12_parallel.ipynb #f126a9ff
-def _read_window(f, file, name: str, begin: int, dtype, shape, window) -> torch.Tensor:
-    """Read `window` = (rows, cols) of the row-major tensor whose bytes start at offset
-    `begin` of the open file `f`, and nothing else: one read for whole rows, else one
-    read per row."""
+def _read_window(f, file, name: str, begin: int, dtype, shape,
+                 window) -> torch.Tensor:
+    """Read `window` = (rows, cols) of the row-major tensor whose bytes start
+    at offset `begin` of the open file `f`, and nothing else: one read for
+    whole rows, else one read per row."""
     n_rows, n_cols = (1, shape[0]) if len(shape) == 1 else shape
     r0, r1, _ = window[0].indices(n_rows)
     c0, c1, _ = window[1].indices(n_cols)
     size = dtype.itemsize
     buf = _empty_bytes((r1 - r0) * (c1 - c0) * size).reshape(r1 - r0, -1)
-    if (c0, c1) == (0, n_cols):                       # whole rows: one byte range
-        _readinto_exactly(f, begin + r0 * n_cols * size, buf.reshape(-1), file, name)
-    else:                                             # a band of columns: one per row
+    if (c0, c1) == (0, n_cols):  # whole rows: one byte range
+        _readinto_exactly(f, begin + r0 * n_cols * size, buf.reshape(-1),
+                          file, name)
+    else:  # a band of columns: one per row
         for i in range(r0, r1):
             at = begin + (i * n_cols + c0) * size
             _readinto_exactly(f, at, buf[i - r0], file, name)
@@ -262,55 +290,71 @@ def _read_window(f, file, name: str, begin: int, dtype, shape, window) -> torch.
 
 
 def _check_scale_window(file, name: str, t: torch.Tensor, window) -> None:
-    "Scales in chapter 6's SCALE_RANGE; the error names the block in the whole tensor."
+    """Scales in chapter 6's SCALE_RANGE; the error names the block in the
+    whole tensor."""
     lo, hi = SCALE_RANGE
     bad = ~((t >= lo) & (t <= hi))
     if bad.any():
         r, c = (int(i) for i in bad.nonzero()[0])
         row, col = r + (window[0].start or 0), c + (window[1].start or 0)
-        raise CheckpointError(f"{file}: tensor {name!r}: block ({row}, {col}) has "
-                              f"scale {t[r, c].item():.3g}; expected a normal float32 "
-                              f"in [{lo:.3g}, {hi:.3g}]")
+        raise CheckpointError(f"{file}: tensor {name!r}: block ({row}, {col}) "
+                              f"has scale {t[r, c].item():.3g}; expected a "
+                              f"normal float32 in [{lo:.3g}, {hi:.3g}]")
+
+# %% ../book/12_parallel.ipynb #f126a9fc
+def _check_window(file, name: str, t: torch.Tensor, dtype, window,
+                  keep_nan_codes: bool) -> None:
+    """Chapter 6's checks of one tensor, on the `window` of it a rank read:
+    scales in range, no NaN codes in e4m3 weights (unless `keep_nan_codes`),
+    and a finite gain."""
+    if name.endswith("_scale_inv"):
+        _check_scale_window(file, name, t, window)
+    elif dtype == torch.float8_e4m3fn and not keep_nan_codes:
+        _check_nan_codes(file, name, t, tuple(w.start or 0 for w in window))
+    else:  # the gain: finite
+        _check_values(file, name, t, keep_nan_codes)
 
 # %% ../book/12_parallel.ipynb #0c963318
-def load_dense_shard(checkpoint_dir, rank: int, world_size: int, layer: int = 0,
-                     config: KimiK2Config | None = None, device="cpu",
+def load_dense_shard(checkpoint_dir, rank: int, world_size: int,
+                     layer: int = 0, config: KimiK2Config | None = None,
+                     device="cpu",
                      keep_nan_codes: bool = False) -> TensorParallelFFN:
-    """Load rank `rank`'s slice of dense block `layer` (`shard_windows`), reading only
-    its bytes: the index, config and headers as chapter 6 reads and checks them, then
-    each window with positional reads. `shard.bytes_read`: the tensor bytes read."""
+    """Load rank `rank`'s slice of dense block `layer` (`shard_windows`),
+    reading only its bytes: the index, config and headers as chapter 6 reads
+    and checks them, then each window with positional reads.
+    `shard.bytes_read`: the tensor bytes read."""
     root, _ = checkpoint_root(checkpoint_dir)
     config = config or KimiK2Config.from_json(root / "config.json")
     _check_layer(config, layer)
-    specs, prefix = dense_block_tensors(config, layer), f"model.layers.{layer}."
+    specs, prefix = (dense_block_tensors(config, layer),
+                     f"model.layers.{layer}.")
     windows = shard_windows(config.hidden_size, config.intermediate_size, rank,
                             world_size, prefix)
     tensors = {}
     for file, names in resolve_tensor_files(root, specs).items():
         with open_regular_file(file, "safetensors file") as f:
             header, data_start = read_layout(f, file)
-            entries = {n: _tensor_entry(header, file, n, specs[n]) for n in names}
-            for name in sorted(names, key=lambda n: entries[n][2]):   # in file order
+            entries = {n: _tensor_entry(header, file, n, specs[n])
+                       for n in names}
+            # in file order
+            for name in sorted(names, key=lambda n: entries[n][2]):
                 dtype, shape, begin, _ = entries[name]
-                t = _read_window(f, file, name, data_start + begin, dtype, shape,
-                                 windows[name])
-                if name.endswith("_scale_inv"):
-                    _check_scale_window(file, name, t, windows[name])
-                elif dtype == torch.float8_e4m3fn and not keep_nan_codes:
-                    _check_nan_codes(file, name, t, tuple(w.start or 0
-                                                          for w in windows[name]))
-                else:
-                    _check_values(file, name, t, keep_nan_codes)   # the gain: finite
+                t = _read_window(f, file, name, data_start + begin, dtype,
+                                 shape, windows[name])
+                _check_window(file, name, t, dtype, windows[name],
+                              keep_nan_codes)
                 tensors[name.removeprefix(prefix)] = t
-    shard = TensorParallelFFN(tensors, rank, world_size, config.intermediate_size,
-                              config.rms_norm_eps)
-    shard.config, shard.bytes_read = config, sum(t.nbytes for t in tensors.values())
+    shard = TensorParallelFFN(tensors, rank, world_size,
+                              config.intermediate_size, config.rms_norm_eps)
+    shard.config, shard.bytes_read = (config,
+                                      sum(t.nbytes for t in tensors.values()))
     return shard.to(device)
 
 # %% ../book/12_parallel.ipynb #e59b86a5
 def shard_bytes(config: KimiK2Config, world_size: int) -> dict[str, int]:
-    """Bytes of one rank's slice: `weights` (e4m3), `scales` (float32), `gain` (bf16,
-    replicated), their `total`, and `block`, the unsharded block's total."""
+    """Bytes of one rank's slice: `weights` (e4m3), `scales` (float32),
+    `gain` (bf16, replicated), their `total`, and `block`, the unsharded
+    block's total."""
     d, f = config.hidden_size, config.intermediate_size
     kb = math.ceil(d / QUANT_BLOCK)
     weights = 3 * d * f // world_size
@@ -318,20 +362,24 @@ def shard_bytes(config: KimiK2Config, world_size: int) -> dict[str, int]:
     gain = d * _norm_dtype(config).itemsize
     return {"weights": weights, "scales": scales, "gain": gain,
             "total": weights + scales + gain,
-            "block": 3 * d * f + 4 * 3 * kb * math.ceil(f / QUANT_BLOCK) + gain}
+            "block": 3 * d * f + 4 * 3 * kb * math.ceil(f / QUANT_BLOCK)
+            + gain}
 
 
 def rchar() -> int | None:
-    "Bytes this process has read with read(2) and its kin so far (/proc/self/io)."
+    """Bytes this process has read with read(2) and its kin so far
+    (/proc/self/io)."""
     try:
         with open("/proc/self/io") as f:
-            return int(next(line for line in f if line.startswith("rchar:")).split()[1])
+            return int(next(line for line in f
+                            if line.startswith("rchar:")).split()[1])
     except (OSError, StopIteration, ValueError):
-        return None                                 # not Linux, or no such field
+        return None  # not Linux, or no such field
 
 # %% ../book/12_parallel.ipynb #8145a277
 def _pack(obj):
-    "Results travel between processes as plain bytes: tensors as (dtype, shape, bytes)."
+    """Results travel between processes as plain bytes: tensors as
+    (dtype, shape, bytes)."""
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
         return ("tensor", str(t.dtype).removeprefix("torch."), tuple(t.shape),
@@ -345,8 +393,8 @@ def _unpack(obj):
     "The inverse of `_pack`."
     if isinstance(obj, tuple) and len(obj) == 4 and obj[0] == "tensor":
         _, dtype, shape, data = obj
-        raw = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else \
-            torch.empty(0, dtype=torch.uint8)
+        raw = (torch.frombuffer(bytearray(data), dtype=torch.uint8) if data
+               else torch.empty(0, dtype=torch.uint8))
         return raw.view(getattr(torch, dtype)).reshape(shape)
     if isinstance(obj, dict):
         return {k: _unpack(v) for k, v in obj.items()}
@@ -354,13 +402,14 @@ def _unpack(obj):
 
 # %% ../book/12_parallel.ipynb #03da621c
 def _rank_main(rank, world_size, init_method, backend, results, fn, args):
-    "One process of `spawn_ranks`: join the group, run `fn`, send its result back."
+    """One process of `spawn_ranks`: join the group, run `fn`, send its result
+    back."""
     if backend == "nccl":
         device = torch.device("cuda", rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-        torch.set_num_threads(1)                # P processes share the CPU's cores
+        torch.set_num_threads(1)  # P processes share the CPU's cores
     dist.init_process_group(backend, init_method=init_method, rank=rank,
                             world_size=world_size,
                             timeout=datetime.timedelta(minutes=5))
@@ -371,7 +420,8 @@ def _rank_main(rank, world_size, init_method, backend, results, fn, args):
 
 
 def _restore_env(name: str, value: str | None) -> None:
-    "Put the environment variable `name` back as it was (`value`; None: unset)."
+    """Put the environment variable `name` back as it was
+    (`value`; None: unset)."""
     if value is None:
         os.environ.pop(name, None)
     else:
@@ -380,20 +430,19 @@ def _restore_env(name: str, value: str | None) -> None:
 # %% ../book/12_parallel.ipynb #c48975b8
 def spawn_ranks(fn, world_size: int, *args, backend: str = "gloo",
                 timeout_s: float = 600) -> list:
-    """Run `fn(rank, world_size, device, *args)` in `world_size` new processes (start
-    method spawn), which meet through a file rendezvous and form one process group on
-    `backend` (gloo: CPU tensors; nccl: one GPU per rank). Returns the results, by
-    rank."""
+    """Run `fn(rank, world_size, device, *args)` in `world_size` spawned
+    processes, one process group on `backend` (gloo: CPU tensors; nccl: a GPU
+    a rank) met through a file rendezvous. Returns the results, by rank."""
     results, got = mp.get_context("spawn").Queue(), {}
     interpret = os.environ.get("TRITON_INTERPRET")
     if backend == "gloo":
-        os.environ["TRITON_INTERPRET"] = "1"     # CPU ranks run the kernels interpreted
+        os.environ["TRITON_INTERPRET"] = "1"  # CPU ranks interpret kernels
     with tempfile.TemporaryDirectory() as tmp:
         rdzv = f"file://{tmp}/rendezvous"
         try:
-            procs = mp.start_processes(
-                _rank_main, args=(world_size, rdzv, backend, results, fn, args),
-                nprocs=world_size, join=False, start_method="spawn")
+            job = (world_size, rdzv, backend, results, fn, args)
+            procs = mp.start_processes(_rank_main, args=job, nprocs=world_size,
+                                       join=False, start_method="spawn")
         finally:
             _restore_env("TRITON_INTERPRET", interpret)
         deadline = time.monotonic() + timeout_s
@@ -401,36 +450,41 @@ def spawn_ranks(fn, world_size: int, *args, backend: str = "gloo",
             try:
                 rank, out = results.get(timeout=0.2)
                 got[rank] = _unpack(out)
-            except queue.Empty:
-                if procs.join(timeout=0) and results.empty():  # raises if a rank failed
-                    raise RuntimeError("spawn_ranks: a rank exited without a result")
+            except queue.Empty:  # procs.join raises if a rank failed
+                if procs.join(timeout=0) and results.empty():
+                    raise RuntimeError(
+                        "spawn_ranks: a rank exited without a result")
                 if time.monotonic() > deadline:
                     for p in procs.processes:
                         p.terminate()
-                    raise TimeoutError(f"spawn_ranks: no result in {timeout_s:.0f} s")
-        while not procs.join():                 # the ranks exit after their result
+                    raise TimeoutError(
+                        f"spawn_ranks: no result in {timeout_s:.0f} s")
+        while not procs.join():  # the ranks exit after their result
             pass
     return [got[r] for r in range(world_size)]
 
 # %% ../book/12_parallel.ipynb #90259885
 def seeded_tokens(m: int, hidden_size: int, seed: int = 0) -> torch.Tensor:
-    "[m, hidden_size] bf16 tokens from a seeded CPU generator: the same on every rank."
+    """[m, hidden_size] bf16 tokens from a seeded CPU generator: the same on
+    every rank."""
     g = torch.Generator().manual_seed(seed)
     return torch.randn(m, hidden_size, generator=g).to(torch.bfloat16)
 
 
 def tp_rank_run(rank, world_size, device, checkpoint_dir, tokens, seed, impl,
                 reference=False) -> dict:
-    """One rank of the chapter's run: load the slice (counting its bytes two ways), run
-    the split block with a float32 and with a bf16 all-reduce, keep the intermediates.
-    With `reference`, rank 0 also runs the unsharded block, for the comparison."""
+    """One rank of the chapter's run: load the slice (counting its bytes two
+    ways), run the split block with a float32 and with a bf16 all-reduce, keep
+    the intermediates. With `reference`, rank 0 also runs the unsharded block,
+    for the comparison."""
     before = rchar()
-    shard = load_dense_shard(checkpoint_dir, rank, world_size)      # on the CPU
+    shard = load_dense_shard(checkpoint_dir, rank, world_size)  # on the CPU
     after = rchar()
     shard = shard.to(device)
     h = seeded_tokens(tokens, shard.config.hidden_size, seed).to(device)
     parts = {}
-    out = {"bytes_read": shard.bytes_read, "features": torch.tensor(shard.features),
+    out = {"bytes_read": shard.bytes_read,
+           "features": torch.tensor(shard.features),
            "rchar": None if before is None else after - before,
            "out_float32": tp_ffn_block(h, shard, impl=impl, parts=parts),
            "out_bfloat16": tp_ffn_block(h, shard, impl=impl,
@@ -445,15 +499,15 @@ def tp_rank_run(rank, world_size, device, checkpoint_dir, tokens, seed, impl,
 def single_rank_reference(checkpoint_dir, h: torch.Tensor, impl: str,
                           layer: int = 0) -> dict:
     """The unsharded dense block `layer` on h's device: chapter 6's loader,
-    `ffn_partial` on all of F, `out = bf16(h + bf16(y))`, and `abs_terms`, the sum_k
-    |t_k| the bound is made of."""
+    `ffn_partial` on all of F, `out = bf16(h + bf16(y))`, and `abs_terms`, the
+    sum_k |t_k| the bound is made of."""
     from kimi_mlp.checkpoint import load_dense_block
     block = load_dense_block(checkpoint_dir, layer=layer, device=h.device)
     ref = ffn_partial(h, ffn_tensors(block), impl)
     ref["out"] = ref["y"].to(torch.bfloat16) + h
     down = block.mlp.down_proj
-    ref["abs_terms"] = down_abs_terms(ref["p_fp8"], ref["p_scale"], down.weight,
-                                      down.weight_scale_inv)
+    ref["abs_terms"] = down_abs_terms(ref["p_fp8"], ref["p_scale"],
+                                      down.weight, down.weight_scale_inv)
     return ref
 
 # %% ../book/12_parallel.ipynb #1cbc492e
@@ -461,80 +515,91 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
 
-def compare_with_single_rank(rank_out: dict, ref: dict, world_size: int) -> dict:
-    """A rank's results against the unsharded ones: `groups` (x and this rank's features
-    of p, codes and scales, bit for bit), `within` and `ratio` (|y_P - y_1| against
-    `sharded_sum_bound` times sum_k |t_k|, element by element: the largest share of the
-    bound), `out_same` (the share of block outputs identical) and `ok`."""
+def compare_with_single_rank(rank_out: dict, ref: dict,
+                             world_size: int) -> dict:
+    """A rank's results against the unsharded ones: `groups` (x and this rank's
+    features of p, codes and scales, bit for bit), `within` and `ratio`
+    (|y_P - y_1| against `sharded_sum_bound` times sum_k |t_k|, element by
+    element: the largest share of the bound), `out_same` (the share of block
+    outputs identical) and `ok`."""
     f0, f1 = (int(v) for v in rank_out["features"])
     b0, b1 = f0 // QUANT_BLOCK, f1 // QUANT_BLOCK
     groups = all(torch.equal(_bits(a), _bits(b)) for a, b in (
-        (rank_out["x_fp8"], ref["x_fp8"]), (rank_out["x_scale"], ref["x_scale"]),
+        (rank_out["x_fp8"], ref["x_fp8"]),
+        (rank_out["x_scale"], ref["x_scale"]),
         (rank_out["p_fp8"], ref["p_fp8"][:, f0:f1]),
         (rank_out["p_scale"], ref["p_scale"][:, b0:b1])))
     c = sharded_sum_bound(ref["p_scale"].shape[1], world_size)
     diff = (rank_out["y_float32"].double() - ref["y"].double()).abs()
     limit = c * ref["abs_terms"]
     within = bool((diff <= limit).all())
-    ratio = (diff / limit.clamp(min=torch.finfo(torch.float64).tiny)).max().item()
+    ratio = (diff
+             / limit.clamp(min=torch.finfo(torch.float64).tiny)).max().item()
     same = (rank_out["out_float32"] == ref["out"]).double().mean().item()
-    return {"groups": groups, "within": within, "ratio": ratio, "out_same": same,
-            "ok": groups and within}
+    return {"groups": groups, "within": within, "ratio": ratio,
+            "out_same": same, "ok": groups and within}
 
 # %% ../book/12_parallel.ipynb #2ce4485a
 def _tp_check_parser():
     from kimi_mlp.cli import _Parser, int_in
     p = _Parser(prog="torchrun --nproc-per-node P -m kimi_mlp tp-check",
-                description="Load each rank's slice of a dense block, run the block "
-                "split P ways, and compare every rank with the unsharded block.")
+                description="Load each rank's slice of a dense block, run the "
+                "block split P ways, and compare every rank with the "
+                "unsharded block.")
     p.add_argument("dir", help="checkpoint directory (or its index file)")
-    p.add_argument("--layer", type=int_in(0, 10**6), default=0, help="a dense layer")
+    p.add_argument("--layer", type=int_in(0, 10**6), default=0,
+                   help="a dense layer")
     p.add_argument("--tokens", type=int_in(1, 4096), default=8,
                    help="random tokens to run (default 8)")
     p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0)
     p.add_argument("--impl", choices=IMPLS, default="fused",
-                   help="fused: chapter 10's kernels; torch: chapter 5's w8a8 "
-                        "reference")
+                   help="fused: chapter 10's kernels; "
+                        "torch: chapter 5's w8a8 reference")
     return p
 
-
+# %% ../book/12_parallel.ipynb #2ce448s1
 def _launch_env() -> tuple[int, int, int, int]:
-    "(rank, world size, local rank, local world size) from torchrun's variables."
+    """(rank, world size, local rank, local world size) from
+    torchrun's variables."""
     names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
     defaults = ("0", "1", "0", os.environ.get("WORLD_SIZE", "1"))
     values = []
     for name, default in zip(names, defaults):
         text = os.environ.get(name, default)
         if not text.isdigit():
-            raise ValueError(f"{name}: expected a non-negative int (torchrun sets it), "
-                             f"got {text!r}")
+            raise ValueError(f"{name}: expected a non-negative int (torchrun "
+                             f"sets it), got {text!r}")
         values.append(int(text))
-    for (name, value), bound in zip(zip(names[::2], values[::2]), values[1::2]):
-        if value >= bound:                 # else that rank would wait, and say nothing
-            raise ValueError(f"{name}: expected an int in [0, {bound}) (below "
-                             f"{names[names.index(name) + 1]}={bound}), got {value}")
+    for (name, value), bound in zip(zip(names[::2], values[::2]),
+                                    values[1::2]):
+        if value >= bound:  # else that rank would wait, and say nothing
+            raise ValueError(
+                f"{name}: expected an int in [0, {bound}) (below "
+                f"{names[names.index(name) + 1]}={bound}), got {value}")
     return tuple(values)
 
 # %% ../book/12_parallel.ipynb #0877e587
 def _device(local_rank: int, local_world: int) -> torch.device:
-    "This rank's GPU (NCCL: one per rank), or the CPU (gloo) where there is no CUDA."
+    """This rank's GPU (NCCL: one per rank), or the CPU (gloo) where there is
+    no CUDA."""
     if not torch.cuda.is_available():
         return torch.device("cpu")
     n = torch.cuda.device_count()
     if local_world > n:
-        raise ValueError(f"--nproc-per-node: expected at most {n} (one CUDA device per "
-                         f"rank for NCCL), got {local_world}; to check on the CPU with "
-                         "gloo instead, hide the GPUs: CUDA_VISIBLE_DEVICES=")
+        raise ValueError(f"--nproc-per-node: expected at most {n} (one CUDA "
+                         f"device per rank for NCCL), got {local_world}; to "
+                         "check on the CPU with gloo instead, hide the GPUs: "
+                         "CUDA_VISIBLE_DEVICES=")
     torch.cuda.set_device(local_rank)
     return torch.device("cuda", local_rank)
 
 
 def _all_ranks_ok(error: str | None, rank: int) -> bool:
-    """Whether no rank has an error. If some have, rank 0 prints each different one
-    once, naming the ranks it came from, and every rank waits for that before it goes
-    on (to exit)."""
+    """Whether no rank has an error. If some have, rank 0 prints each different
+    one once, naming the ranks it came from, and every rank waits for that
+    before it goes on (to exit)."""
     errors = [None] * dist.get_world_size()
-    dist.all_gather_object(errors, error)           # objects travel on gloo, on the CPU
+    dist.all_gather_object(errors, error)  # objects travel on gloo, on the CPU
     if rank == 0:
         for e in dict.fromkeys(e for e in errors if e):
             ranks = [str(r) for r, other in enumerate(errors) if other == e]
@@ -546,27 +611,31 @@ def _all_ranks_ok(error: str | None, rank: int) -> bool:
 # %% ../book/12_parallel.ipynb #bf9157c1
 def _reference_everywhere(checkpoint_dir, h, impl: str, config,
                           layer: int) -> dict | None:
-    """Rank 0 runs `single_rank_reference` of dense layer `layer`; every rank receives
-    its results (broadcast). None on every rank, after rank 0 said why, if it failed."""
+    """Rank 0 runs `single_rank_reference` of dense layer `layer`; every rank
+    receives its results (broadcast). None on every rank, after rank 0 said
+    why, if it failed."""
     m, d, f = h.shape[0], config.hidden_size, config.intermediate_size
     u8, f32 = torch.uint8, torch.float32
-    layout = {"x_fp8": ((m, d), u8), "x_scale": ((m, math.ceil(d / QUANT_BLOCK)), f32),
+    layout = {"x_fp8": ((m, d), u8),
+              "x_scale": ((m, math.ceil(d / QUANT_BLOCK)), f32),
               "p_fp8": ((m, f), u8), "p_scale": ((m, f // QUANT_BLOCK), f32),
               "y": ((m, d), f32), "out": ((m, d), torch.bfloat16),
               "abs_terms": ((m, d), torch.float64)}
     ref, error = {}, None
-    if dist.get_rank() == 0:               # its own copy of the block may be broken
+    if dist.get_rank() == 0:  # its own copy of the block may be broken
         try:
             ref = single_rank_reference(checkpoint_dir, h, impl, layer)
         except (CheckpointError, ValueError, TypeError, OSError, MemoryError,
-                RuntimeError) as e:                # RuntimeError: torch's out of memory
-            error = f"the unsharded reference: {str(e).strip() or 'out of memory'}"
+                RuntimeError) as e:  # RuntimeError: torch's out of memory
+            error = ("the unsharded reference: "
+                     f"{str(e).strip() or 'out of memory'}")
     if not _all_ranks_ok(error, dist.get_rank()):
         return None
     got = {}
     for name, (shape, dtype) in layout.items():
         if name in ref:
-            t = ref[name].view(dtype).contiguous()      # e4m3 codes travel as bytes
+            # e4m3 codes travel as bytes
+            t = ref[name].view(dtype).contiguous()
         else:
             t = torch.empty(shape, dtype=dtype, device=h.device)
         dist.broadcast(t, src=0)
@@ -575,12 +644,15 @@ def _reference_everywhere(checkpoint_dir, h, impl: str, config,
 
 # %% ../book/12_parallel.ipynb #a833a0a2
 def _check_loaded(args, shard, rank: int, world: int, device, io: int | None):
-    """Run the block on this rank and compare; returns (ok, this rank's summary line),
-    or None when the reference failed (every rank agrees; rank 0 said why)."""
-    h = seeded_tokens(args.tokens, shard.config.hidden_size, args.seed).to(device)
+    """Run the block on this rank and compare; returns (ok, this rank's summary
+    line), or None when the reference failed (every rank agrees; rank 0 said
+    why)."""
+    h = seeded_tokens(args.tokens, shard.config.hidden_size,
+                      args.seed).to(device)
     parts = {}
     out = tp_ffn_block(h, shard, impl=args.impl, parts=parts)
-    ref = _reference_everywhere(args.dir, h, args.impl, shard.config, args.layer)
+    ref = _reference_everywhere(args.dir, h, args.impl, shard.config,
+                                args.layer)
     if ref is None:
         return None
     mine = {k: parts[k] for k in ("x_fp8", "x_scale", "p_fp8", "p_scale")}
@@ -590,33 +662,37 @@ def _check_loaded(args, shard, rank: int, world: int, device, io: int | None):
     exact = shard.bytes_read == shard_bytes(shard.config, world)["total"]
     line = (f"rank {rank}/{world}: read {shard.bytes_read:,} B of tensors "
             + ("" if io is None else f"(rchar ≈ {io:,}) ")
-            + f"= 1/{world} of the weights and scales + the gain: {exact}; groups "
-            f"bit-identical: {c['groups']}; |y_P - y_1| / bound ≈ {c['ratio']:.2f} "
-            f"<= 1: {'OK' if c['within'] else 'FAIL'}; outputs identical "
-            f"≈ {c['out_same']:.1%}")
+            + f"= 1/{world} of the weights and scales + the gain: {exact}; "
+            f"groups bit-identical: {c['groups']}; |y_P - y_1| / bound ≈ "
+            f"{c['ratio']:.2f} <= 1: {'OK' if c['within'] else 'FAIL'}; "
+            f"outputs identical ≈ {c['out_same']:.1%}")
     return c["ok"] and exact, line
 
 # %% ../book/12_parallel.ipynb #50ba98ba
 def main(argv=None) -> int:
-    """`torchrun --nproc-per-node P -m kimi_mlp tp-check DIR`: every rank loads its
-    slice, runs the block split P ways and compares with the unsharded block; rank 0
-    prints a line per rank and the verdict. Exit status 0 if every rank passed."""
+    """`torchrun --nproc-per-node P -m kimi_mlp tp-check DIR`: every rank loads
+    its slice, runs the block split P ways and compares with the unsharded
+    block; rank 0 prints a line per rank and the verdict. Exit status 0 if
+    every rank passed."""
     args = _tp_check_parser().parse_args(argv)
     try:
         rank, world, local_rank, local_world = _launch_env()
         if world != 1 and "MASTER_ADDR" not in os.environ:
-            raise ValueError(f"WORLD_SIZE: expected 1 without torchrun's rendezvous "
-                             f"(MASTER_ADDR is not set), got {world}; start the ranks "
-                             "with torchrun")
+            raise ValueError("WORLD_SIZE: expected 1 without torchrun's "
+                             "rendezvous (MASTER_ADDR is not set), got "
+                             f"{world}; start the ranks with torchrun")
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
-    # CPU tensors and every object collective on gloo; GPU tensors, if any, on NCCL
+    # CPU tensors and every object collective on gloo; GPU tensors, if any,
+    # on NCCL
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     if "MASTER_ADDR" in os.environ:                   # started by torchrun
-        dist.init_process_group(backend, timeout=datetime.timedelta(minutes=10))
-    else:                                             # `python -m kimi_mlp tp-check`
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend,
+                                timeout=datetime.timedelta(minutes=10))
+    else:  # `python -m kimi_mlp tp-check`
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0,
+                                world_size=1)
     try:
         return _run_check(args, rank, world, local_rank, local_world)
     finally:
@@ -624,32 +700,35 @@ def main(argv=None) -> int:
 
 # %% ../book/12_parallel.ipynb #47790fd4
 def _check_impl(impl: str, device: torch.device) -> None:
-    """`--impl fused` runs chapter 10's FP8 kernels: a GPU without an e4m3 type (below
-    compute capability 8.9) is refused in one line, before any weight is read."""
+    """`--impl fused` runs chapter 10's FP8 kernels: a GPU without an e4m3 type
+    (below compute capability 8.9) is refused in one line, before any
+    weight is read."""
     if impl == "fused" and device.type == "cuda" \
             and not gpus.family(kernels.device_arch(device)).e4m3:
         cap = ".".join(map(str, torch.cuda.get_device_capability(device)))
         raise ValueError(f"--impl: expected 'torch' on this GPU, got 'fused': "
-                         f"{torch.cuda.get_device_name(device)} ({device}) has compute "
-                         f"capability {cap} and no e4m3 type, which chapter 10's "
-                         "FP8 kernels need (8.9 or more); --impl torch runs chapter "
-                         "5's w8a8 arithmetic there")
+                         f"{torch.cuda.get_device_name(device)} ({device}) "
+                         f"has compute capability {cap} and no e4m3 type, "
+                         "which chapter 10's FP8 kernels need (8.9 or more); "
+                         "--impl torch runs chapter 5's w8a8 arithmetic there")
 
 # %% ../book/12_parallel.ipynb #b2381063
-def _run_check(args, rank: int, world: int, local_rank: int, local_world: int) -> int:
-    "main inside the group: check the input and load (every rank agrees), run, report."
+def _run_check(args, rank: int, world: int, local_rank: int,
+               local_world: int) -> int:
+    """main in the group: check the input and load (all agree), run, report."""
     error = None
     try:
         root, _ = checkpoint_root(args.dir, "DIR")
-        check_degree(KimiK2Config.from_json(root / "config.json").intermediate_size,
-                     world)                           # before a byte of weight is read
+        check_degree(KimiK2Config.from_json(root / "config.json")
+                     .intermediate_size, world)  # before reading any weight
         device, before = _device(local_rank, local_world), rchar()
         _check_impl(args.impl, device)
         shard = load_dense_shard(args.dir, rank, world, layer=args.layer)
         io = None if before is None else rchar() - before
-    except (CheckpointError, ValueError, TypeError, OSError, RuntimeError) as e:
-        error = str(e)                     # RuntimeError: a GPU the kernels refuse
-    except MemoryError as e:               # a slice larger than this rank's memory
+    except (CheckpointError, ValueError, TypeError, OSError,
+            RuntimeError) as e:  # RuntimeError: a GPU the kernels refuse
+        error = str(e)
+    except MemoryError as e:  # a slice larger than this rank's memory
         error = f"out of memory: {str(e).strip() or 'an allocation failed'}"
     if not _all_ranks_ok(error, rank):
         return 1
@@ -663,32 +742,39 @@ def _run_check(args, rank: int, world: int, local_rank: int, local_world: int) -
     if rank == 0:
         for _, text in lines:
             print(text, flush=True)
-        where = "NCCL, one GPU per rank" if device.type == "cuda" else "gloo on the CPU"
+        where = ("NCCL, one GPU per rank" if device.type == "cuda"
+                 else "gloo on the CPU")
         print(f"tp-check: {world} rank(s), {where}, impl {args.impl}: "
               f"{'OK' if passed else 'FAIL'}", flush=True)
     return 0 if passed else 1
 
 # %% ../book/12_parallel.ipynb #1c3b9172
-LINK_BYTES_PER_S = {"NVLink 4 (H200 SXM)": 450e9,   # 900 GB/s both ways, datasheet
-                    "PCIe Gen5 x16": 64e9}          # 128 GB/s both ways, datasheet
+LINK_BYTES_PER_S = {
+    "NVLink 4 (H200 SXM)": 450e9,   # 900 GB/s both ways, datasheet
+    "PCIe Gen5 x16": 64e9}          # 128 GB/s both ways, datasheet
 
 
-def ring_allreduce_s(nbytes: float, world_size: int, link_bytes_per_s: float) -> float:
-    "Bandwidth time of an all-reduce of `nbytes` per rank: 2(P-1)/P * nbytes / link."
+def ring_allreduce_s(nbytes: float, world_size: int,
+                     link_bytes_per_s: float) -> float:
+    """Bandwidth time of an all-reduce of `nbytes` per rank:
+    2(P-1)/P * nbytes / link."""
     return 2 * (world_size - 1) / world_size * nbytes / link_bytes_per_s
 
 
-def rank_floor_s(m: int, world_size: int, bytes_per_s: float, flop_per_s: float,
-                 hidden_size: int = 7168, intermediate_size: int = 18432) -> float:
-    "Roofline floor of one rank's three launches on its F/P slice (chapter 10's model)."
+def rank_floor_s(m: int, world_size: int, bytes_per_s: float,
+                 flop_per_s: float, hidden_size: int = 7168,
+                 intermediate_size: int = 18432) -> float:
+    """Roofline floor of one rank's three launches on its F/P slice
+    (chapter 10's model)."""
     costs = fused_launch_costs(m, hidden_size, intermediate_size // world_size)
     return sum(launch_floor_s(c, bytes_per_s, flop_per_s) for c in costs)
 
 # %% ../book/12_parallel.ipynb #d08f3560
 def time_all_reduce(rank, world_size, device, numels, reps: int = 9,
                     calls: int = 4) -> dict:
-    """Seconds per float32 all-reduce of each size in `numels`: the median over `reps`
-    samples of `calls` back-to-back all-reduces after a barrier, the slowest rank's."""
+    """Seconds per float32 all-reduce of each size in `numels`: the median over
+    `reps` samples of `calls` back-to-back all-reduces after a barrier, the
+    slowest rank's."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     medians = []
     for n in numels:

@@ -11,15 +11,18 @@ __all__ = ['rms_norm', 'RMSNorm']
 
 # %% ../book/02_rmsnorm.ipynb #45f94feb
 def _check_norm_inputs(x, weight, eps):
-    "Cheap checks (no data is read): types, dtypes, ranks and the feature size."
+    """Cheap checks (no data is read): types, dtypes, ranks and the
+    feature size."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
     if not isinstance(weight, torch.Tensor):
-        raise TypeError(f"weight: expected a torch.Tensor, got {type(weight).__name__}")
+        raise TypeError("weight: expected a torch.Tensor, got "
+                        f"{type(weight).__name__}")
     if not x.is_floating_point():
         raise ValueError(f"x: expected a floating tensor, got {x.dtype}")
     if not weight.is_floating_point():
-        raise ValueError(f"weight: expected a floating tensor, got {weight.dtype}")
+        raise ValueError("weight: expected a floating tensor, got "
+                         f"{weight.dtype}")
     if weight.dim() != 1:
         raise ValueError(
             f"weight: expected a 1-d gain [d], got shape {list(weight.shape)}"
@@ -33,13 +36,16 @@ def _check_norm_inputs(x, weight, eps):
         raise ValueError(f"eps: expected a number >= 0, got {eps!r}")
 
 # %% ../book/02_rmsnorm.ipynb #fd32e35e
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    """Root-mean-square normalisation over the last dimension, in the reference's order.
+def rms_norm(x: torch.Tensor, weight: torch.Tensor,
+             eps: float = 1e-6) -> torch.Tensor:
+    """Root-mean-square normalisation over the last dimension, in the
+    reference's order.
 
-    x: [..., d] floating (Kimi K2: [B, T, 7168] bf16); weight: [d] gain (bf16 in the
-    checkpoint). The statistics are computed in float32, the normalised x is cast back
-    to x.dtype, *then* the gain multiplies it (`modeling_deepseek.py` lines 103-108).
-    Returns [..., d] in the promoted dtype of weight and x (bf16 when both are bf16).
+    x: [..., d] floating (Kimi K2: [B, T, 7168] bf16); weight: [d] gain (bf16
+    in the checkpoint). The statistics are computed in float32, the normalised
+    x is cast back to x.dtype, *then* the gain multiplies it
+    (`modeling_deepseek.py` lines 103-108). Returns [..., d] in the promoted
+    dtype of weight and x (bf16 when both are bf16).
     """
     _check_norm_inputs(x, weight, eps)
     xf = x.float()
@@ -48,25 +54,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
 
 # %% ../book/02_rmsnorm.ipynb #ff00aff7
 class RMSNorm(nn.Module):
-    """RMSNorm with one learned gain per feature, `weight` [hidden_size], set to ones.
+    """RMSNorm with one learned gain per feature, `weight` [hidden_size],
+    set to ones.
 
-    forward(x: [..., hidden_size]) -> [..., hidden_size]; see `rms_norm` for the dtypes.
-    State dict: `weight`, the checkpoint's `post_attention_layernorm.weight`.
+    forward(x: [..., hidden_size]) -> [..., hidden_size]; see `rms_norm`
+    for the dtypes. State dict: `weight`, the checkpoint's
+    `post_attention_layernorm.weight`.
     """
 
-    def __init__(
-        self, hidden_size: int, eps: float = 1e-6, dtype: torch.dtype | None = None
-    ):
+    def __init__(self, hidden_size: int, eps: float = 1e-6,
+                 dtype: torch.dtype | None = None):
         super().__init__()
-        if (
-            isinstance(hidden_size, bool)
-            or not isinstance(hidden_size, int)
-            or hidden_size < 1
-        ):
-            raise ValueError(
-                f"hidden_size: expected a positive int, got {hidden_size!r}"
-            )
-        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        if (isinstance(hidden_size, bool) or not isinstance(hidden_size, int)
+                or hidden_size < 1):
+            raise ValueError("hidden_size: expected a positive int, got "
+                             f"{hidden_size!r}")
+        if (isinstance(eps, bool) or not isinstance(eps, (int, float))
+                or not eps >= 0):
             raise ValueError(f"eps: expected a number >= 0, got {eps!r}")
         self.hidden_size = hidden_size
         self.eps = float(eps)
@@ -76,4 +80,5 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
     def extra_repr(self) -> str:
-        return f"{self.hidden_size}, eps={self.eps:g}, dtype={self.weight.dtype}"
+        return (f"{self.hidden_size}, eps={self.eps:g}, "
+                f"dtype={self.weight.dtype}")

@@ -14,10 +14,12 @@ __all__ = ['silu', 'swiglu', 'DenseMLP']
 
 # %% ../book/04_swiglu.ipynb #3fee7686
 def silu(x: torch.Tensor) -> torch.Tensor:
-    """SiLU (swish), `x * sigmoid(x)`, element-wise; any shape, floating dtype kept.
+    """SiLU (swish), `x * sigmoid(x)`, element-wise; any shape, floating
+    dtype kept.
 
-    Computed by `torch.nn.functional.silu`, which rounds once to x.dtype (the
-    reference's `ACT2FN["silu"]` calls the same function: results match bit for bit)."""
+    Computed by `torch.nn.functional.silu`, which rounds once to x.dtype
+    (the reference's `ACT2FN["silu"]` calls the same function: results
+    match bit for bit)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
@@ -28,29 +30,33 @@ def silu(x: torch.Tensor) -> torch.Tensor:
 def swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """The gated product `p = silu(gate) * up`, element-wise.
 
-    gate, up: [..., F] of one dtype (Kimi K2: [B, T, 18432] bf16) -> p: [..., F]."""
+    gate, up: [..., F] of one dtype (Kimi K2: [B, T, 18432] bf16)
+    -> p: [..., F]."""
     if not isinstance(up, torch.Tensor):
-        raise TypeError(f"up: expected a torch.Tensor, got {type(up).__name__}")
+        raise TypeError("up: expected a torch.Tensor, got "
+                        f"{type(up).__name__}")
     if isinstance(gate, torch.Tensor) and gate.shape != up.shape:
-        raise ValueError(f"up: expected shape {list(gate.shape)} (the shape of gate), "
-                         f"got {list(up.shape)}")
+        raise ValueError(f"up: expected shape {list(gate.shape)} "
+                         f"(the shape of gate), got {list(up.shape)}")
     return silu(gate) * up
 
 # %% ../book/04_swiglu.ipynb #997f5e7e
 class DenseMLP(nn.Module):
-    """Kimi K2's dense MLP (SwiGLU): `down_proj(silu(gate_proj(x)) * up_proj(x))`.
+    """Kimi K2's dense MLP (SwiGLU):
+    `down_proj(silu(gate_proj(x)) * up_proj(x))`.
 
-    x: [..., hidden_size] -> y: [..., hidden_size], no biases. gate_proj.weight and
-    up_proj.weight are [intermediate_size, hidden_size], down_proj.weight
-    [hidden_size, intermediate_size] (Kimi K2: [18432, 7168] and [7168, 18432]);
-    the state-dict keys are the checkpoint's.
+    x: [..., hidden_size] -> y: [..., hidden_size], no biases.
+    gate_proj.weight and up_proj.weight are [intermediate_size, hidden_size],
+    down_proj.weight [hidden_size, intermediate_size] (Kimi K2: [18432, 7168]
+    and [7168, 18432]); the state-dict keys are the checkpoint's.
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int,
                  dtype: torch.dtype | None = None):
         super().__init__()
         _check_sizes(hidden_size, intermediate_size)
-        self.hidden_size, self.intermediate_size = hidden_size, intermediate_size
+        self.hidden_size, self.intermediate_size = (hidden_size,
+                                                    intermediate_size)
         d, f = hidden_size, intermediate_size
         self.gate_proj = nn.Linear(d, f, bias=False, dtype=dtype)
         self.up_proj = nn.Linear(d, f, bias=False, dtype=dtype)

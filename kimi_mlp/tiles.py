@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ['TILES_SCHEMA', 'TILES_ENV', 'TILES_JSON_SCHEMA', 'tiles_file_name', 'TileConfig', 'TileRow', 'TilesFile', 'load_tiles', 'tuned_tiles']
+__all__ = ['TILES_SCHEMA', 'TILES_ENV', 'TILES_JSON_SCHEMA', 'tiles_file_name',
+           'TileConfig', 'TileRow', 'TilesFile', 'load_tiles', 'tuned_tiles']
 
 # %% ../book/appendix_c_measuring.ipynb #729f7028
-# kimi_mlp.tiles: the measured tile tables, data that chapter 8's planner reads. It
-# imports nothing of the package, so the kernels can import it.
+# kimi_mlp.tiles: the measured tile tables, data that chapter 8's planner
+# reads. It imports nothing of the package, so the kernels can import it.
 import json
 import os
 from pathlib import Path
@@ -14,20 +15,23 @@ from typing import TypedDict
 
 
 def _package_dir() -> Path:
-    """The directory of the kimi_mlp package in use (this copy; also right inside a
-    notebook)."""
+    """The directory of the kimi_mlp package in use (this copy; also right
+    inside a notebook)."""
     import kimi_mlp
 
     return Path(kimi_mlp.__file__).resolve().parent
 
 # %% ../book/appendix_c_measuring.ipynb #1b8e6f3a
 TILES_SCHEMA, TILES_ENV = "kimi-mlp-tiles/1", "KIMI_MLP_TILES"
-#: What a config row may hold: field -> (check, expectation), for the error messages.
+#: What a config row may hold: field -> (check, expectation), for the
+#: error messages.
 _TILE_FIELDS = {
     "SWAP": (lambda v: isinstance(v, bool), "true or false"),
     "BLOCK_M": (lambda v: v in (16, 32, 64, 128), "16, 32, 64 or 128"),
-    "BLOCK_N": (lambda v: v in (32, 64, 128), "32, 64 or 128 (a weight block or part)"),
-    "SUB_K": (lambda v: v in (16, 32, 64, 128), "16, 32, 64 or 128 (W8A16 only)"),
+    "BLOCK_N": (lambda v: v in (32, 64, 128),
+                "32, 64 or 128 (a weight block or part)"),
+    "SUB_K": (lambda v: v in (16, 32, 64, 128),
+              "16, 32, 64 or 128 (W8A16 only)"),
     "GROUP_M": (lambda v: _is_int(v) and v >= 1, "a positive int"),
     "TMA_A": (lambda v: isinstance(v, bool), "true or false"),
     "num_warps": (lambda v: v in (4, 8), "4 or 8"),
@@ -104,16 +108,19 @@ _TILE_CONFIG_JSON_SCHEMA = {
     "required": sorted(TileConfig.__required_keys__),
     "properties": {
         "SWAP": {"type": "boolean"}, "BLOCK_M": {"enum": [16, 32, 64, 128]},
-        "BLOCK_N": {"enum": [32, 64, 128]}, "SUB_K": {"enum": [16, 32, 64, 128]},
-        "GROUP_M": _INT, "TMA_A": {"type": "boolean"}, "num_warps": {"enum": [4, 8]},
+        "BLOCK_N": {"enum": [32, 64, 128]},
+        "SUB_K": {"enum": [16, 32, 64, 128]}, "GROUP_M": _INT,
+        "TMA_A": {"type": "boolean"}, "num_warps": {"enum": [4, 8]},
         "num_stages": {"type": "integer", "minimum": 1, "maximum": 8},
-        "regs": {"type": "integer", "minimum": 1, "maximum": 255}, "split_k": _INT}}
+        "regs": {"type": "integer", "minimum": 1, "maximum": 255},
+        "split_k": _INT}}
 TILES_JSON_SCHEMA = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
     "title": TILES_SCHEMA, "type": "object", "additionalProperties": False,
     "required": ["schema", "device", "rows"],
     "properties": {
-        "schema": {"const": TILES_SCHEMA}, "device": {"type": "string", "minLength": 1},
+        "schema": {"const": TILES_SCHEMA},
+        "device": {"type": "string", "minLength": 1},
         "rows": {"type": "array", "minItems": 1, "items": {
             "type": "object", "additionalProperties": False,
             "required": ["kind", "n", "k", "m_max", "config"],
@@ -123,9 +130,11 @@ TILES_JSON_SCHEMA = {
                 "config": _TILE_CONFIG_JSON_SCHEMA, "m_timed": _INT,
                 "tuned": {"type": "boolean"},
                 "median_us": {"type": ["number", "null"]},
-                "default_us": {"type": ["number", "null"]}, "candidates": _INT}}},
-        "sms": _INT, "arch": {"type": "string"}, "entry_point": {"type": "string"},
-        "provenance": {"type": "object"}, "seconds": {"type": "number"},
+                "default_us": {"type": ["number", "null"]},
+                "candidates": _INT}}},
+        "sms": _INT, "arch": {"type": "string"},
+        "entry_point": {"type": "string"}, "provenance": {"type": "object"},
+        "seconds": {"type": "number"},
     },
 }
 
@@ -133,7 +142,8 @@ TILES_JSON_SCHEMA = {
 def _tile_row(where: str, row) -> tuple[tuple, int | None, dict]:
     "One row of a tile file, checked: ((kind, n, k), m_max, config)."
     if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected an object, got {type(row).__name__}")
+        raise ValueError(f"{where}: expected an object, got "
+                         f"{type(row).__name__}")
     if row.get("kind") not in ("gate_up", "gemm"):
         raise ValueError(f"{where}.kind: expected 'gate_up' or 'gemm', "
                          f"got {row.get('kind')!r}")
@@ -161,9 +171,10 @@ def _tile_row(where: str, row) -> tuple[tuple, int | None, dict]:
 
 # %% ../book/appendix_c_measuring.ipynb #9c4d2b7e
 def load_tiles(path) -> dict:
-    """A tile file, checked: {(kind, n, k): ((m_max, config), ...)} with the buckets in
-    increasing order and the last one null (every M served), as `plan_gemm` reads
-    `GEMM_TILES`; plus the file's "device" under the key "device"."""
+    """A tile file, checked: {(kind, n, k): ((m_max, config), ...)} with the
+    buckets in increasing order and the last one null (every M served), as
+    `plan_gemm` reads `GEMM_TILES`; plus the file's "device" under the key
+    "device"."""
     path = Path(path)
     try:
         data = json.loads(path.read_text())
@@ -171,34 +182,39 @@ def load_tiles(path) -> dict:
         raise ValueError(f"{path}: expected a readable JSON tile file, "
                          f"got {e}") from None
     if not isinstance(data, dict) or data.get("schema") != TILES_SCHEMA:
-        got = data.get("schema") if isinstance(data, dict) else type(data).__name__
-        raise ValueError(f"{path}: schema: expected {TILES_SCHEMA!r}, got {got!r}")
+        got = (data.get("schema") if isinstance(data, dict)
+               else type(data).__name__)
+        raise ValueError(f"{path}: schema: expected {TILES_SCHEMA!r}, got "
+                         f"{got!r}")
     if not isinstance(data.get("device"), str) or not data["device"]:
         raise ValueError(f"{path}: device: expected the GPU's name, got "
                          f"{data.get('device')!r}")
     rows = data.get("rows")
     if not isinstance(rows, list) or not rows:
-        raise ValueError(f"{path}: rows: expected a non-empty list, got {rows!r}")
+        raise ValueError(f"{path}: rows: expected a non-empty list, got "
+                         f"{rows!r}")
     table = {}
     for i, row in enumerate(rows):
         key, m_max, config = _tile_row(f"{path}: rows[{i}]", row)
         table.setdefault(key, []).append((m_max, config))
     for key, buckets in table.items():
         bounds = [b for b, _ in buckets]
-        if None not in bounds or bounds[-1] is not None or bounds[:-1] != sorted(
-                set(bounds[:-1])):
-            raise ValueError(f"{path}: rows for {key}: expected increasing m_max "
-                             f"ending with null, got {bounds}")
-    return {"device": data["device"], **{k: tuple(v) for k, v in table.items()}}
+        if (None not in bounds or bounds[-1] is not None
+                or bounds[:-1] != sorted(set(bounds[:-1]))):
+            raise ValueError(f"{path}: rows for {key}: expected increasing "
+                             f"m_max ending with null, got {bounds}")
+    return {"device": data["device"],
+            **{k: tuple(v) for k, v in table.items()}}
 
 # %% ../book/appendix_c_measuring.ipynb #4e7a1c3d
 def tuned_tiles(device_name: str) -> dict | None:
-    """The measured tile table for GPU `device_name`: the file KIMI_MLP_TILES names (it
-    must be that device's), else the package's `configs/<device>.json`, else None (the
-    defaults, `kernels.GEMM_TILES`, apply)."""
+    """The measured tile table for GPU `device_name`: the file KIMI_MLP_TILES
+    names (it must be that device's), else the package's
+    `configs/<device>.json`, else None (the defaults, `kernels.GEMM_TILES`,
+    apply)."""
     named = os.environ.get(TILES_ENV)
-    path = Path(named) if named else _package_dir() / "configs" / tiles_file_name(
-        device_name)
+    path = (Path(named) if named
+            else _package_dir() / "configs" / tiles_file_name(device_name))
     if not named and not path.is_file():
         return None
     table = load_tiles(path)

@@ -5,16 +5,18 @@ from __future__ import annotations
 __all__ = ['INTERPRETED', 'REDECORATED', 'CompileOnlyDriver', 'compiling_for']
 
 # %% ../book/appendix_c_measuring.ipynb #b1e7c2a1
-# kimi_mlp.triton_adapter: the one module that touches Triton's internals. It imports
-# nothing of the package, so that the kernels of chapters 7 to 9 can import it first.
+# kimi_mlp.triton_adapter: the one module that touches Triton's internals. It
+# imports nothing of the package, so that the kernels of chapters 7 to 9 can
+# import it first.
 import contextlib
 import os
 import sys
 
 import torch
 
-# Triton chooses between compiling and interpreting a kernel when it is decorated:
-# without a CUDA device, ask for its CPU interpreter (a value already set wins).
+# Triton chooses between compiling and interpreting a kernel when it is
+# decorated: without a CUDA device, ask for its CPU interpreter (a value
+# already set wins).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
@@ -25,24 +27,27 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 
 
 def _library_functions() -> list:
-    """(owner, name, function) for each of Triton's own @jit functions decorated for
-    the compiler: in the modules of triton.language and on its tensor class."""
+    """(owner, name, function) for each of Triton's own @jit functions
+    decorated for the compiler: in the modules of triton.language and on its
+    tensor class."""
     owners = [m for n, m in sorted(sys.modules.items()) if m is not None
               and (n == "triton.language" or n.startswith("triton.language."))]
     owners.append(triton.language.core.tensor)
     return [(owner, name, fn) for owner in owners
-            for name, fn in list(vars(owner).items()) if isinstance(fn, JITFunction)]
+            for name, fn in list(vars(owner).items())
+            if isinstance(fn, JITFunction)]
 
 # %% ../book/appendix_c_measuring.ipynb #b1e7c2a2
 def _interpret_library() -> int:
-    """Decorate Triton's library again for the interpreter, as TRITON_INTERPRET=1
-    at `import triton` would have; returns how many functions changed. One new
-    function per old one, wherever it is named, so that identity checks (the
-    interpreter's fast path for tl.sum compares combine functions) still hold."""
+    """Decorate Triton's library again for the interpreter, as
+    TRITON_INTERPRET=1 at `import triton` would have; returns how many
+    functions changed. One new function per old one, wherever it is named, so
+    that identity checks (the interpreter's fast path for tl.sum compares
+    combine functions) still hold."""
     new: dict = {}
     for owner, name, fn in _library_functions():
         f = new.setdefault(id(fn), InterpretedFunction(fn.fn))
-        if isinstance(owner, type):               # a tensor method: must bind self
+        if isinstance(owner, type):  # a tensor method: must bind self
             def method(*args, _f=f, **kwargs):
                 return _f(*args, **kwargs)
             f = method
@@ -55,11 +60,12 @@ def _probe():
     pass
 
 
-#: Whether kernels decorated from now on run through Triton's CPU interpreter, read off
-#: a decorated probe rather than off TRITON_INTERPRET.
+#: Whether kernels decorated from now on run through Triton's CPU interpreter,
+#: read off a decorated probe rather than off TRITON_INTERPRET.
 INTERPRETED = isinstance(_probe, InterpretedFunction)
-#: How many of Triton's library functions had to be decorated again (0 when `triton`
-#: was first imported with the interpreter already on, or when it is off).
+#: How many of Triton's library functions had to be decorated again (0 when
+#: `triton` was first imported with the interpreter already on, or when it
+#: is off).
 REDECORATED = _interpret_library() if INTERPRETED else 0
 
 
@@ -68,26 +74,27 @@ def _library_probe(out_ptr):
     tl.store(out_ptr, tl.sum(tl.zeros((2,), tl.float32) + 1.0, axis=0))
 
 
-if INTERPRETED:                       # the library works under the interpreter, or
-    try:                              # one line says what to do
+if INTERPRETED:  # the library works under the interpreter, or
+    try:         # one line says what to do
         _out = torch.zeros(1)
         _library_probe[(1,)](_out)
         assert _out.item() == 2.0
     except Exception:
         raise ImportError(
-            "kimi_mlp: Triton was imported before kimi_mlp without its interpreter, "
-            "and its library could not be switched to the interpreter; import "
-            "kimi_mlp.kernels before triton (and before transformers), or set "
-            "TRITON_INTERPRET=1 before anything imports triton") from None
+            "kimi_mlp: Triton was imported before kimi_mlp without its "
+            "interpreter, and its library could not be switched to the "
+            "interpreter; import kimi_mlp.kernels before triton (and before "
+            "transformers), or set TRITON_INTERPRET=1 before anything imports "
+            "triton") from None
 
 # %% ../book/appendix_c_measuring.ipynb #b1e7c2a3
 class CompileOnlyDriver:
-    """A Triton driver for a GPU that is not there: it names the target the compiler
-    generates code for (a `triton.backends.compiler.GPUTarget`), a device of its own
-    and stream 0. Whatever would touch a device (loading a binary, launching, timing) is
-    missing, with a message that says so. Triton keeps its compiled kernels per device,
-    so each target's device name keeps them apart: several targets compile in one
-    process."""
+    """A Triton driver for a GPU that is not there: it names the target the
+    compiler generates code for (a `triton.backends.compiler.GPUTarget`), a
+    device of its own and stream 0. Whatever would touch a device (loading a
+    binary, launching, timing) is missing, with a message that says so. Triton
+    keeps its compiled kernels per device, so each target's device name keeps
+    them apart: several targets compile in one process."""
     def __init__(self, target):
         self.target = target
         self.device = f"compile-only {target.backend} {target.arch}"
@@ -105,22 +112,25 @@ class CompileOnlyDriver:
         return 0
 
     def __getattr__(self, name):
-        raise AttributeError(f"CompileOnlyDriver.{name}: this driver compiles for "
-                             f"{self.target} and has no GPU to load, launch or time on")
+        raise AttributeError(f"CompileOnlyDriver.{name}: this driver compiles "
+                             f"for {self.target} and has no GPU to load, "
+                             "launch or time on")
 
 
 @contextlib.contextmanager
 def compiling_for(capability: tuple):
-    """Inside the block Triton's compiler generates code for a CUDA GPU of compute
-    capability (major, minor), whatever GPU (or none) is here: chapter 7's
-    `compile_only` uses it. Triton's active driver is set to a `CompileOnlyDriver`, and
-    the one before restored after."""
+    """Inside the block Triton's compiler generates code for a CUDA GPU of
+    compute capability (major, minor), whatever GPU (or none) is here: chapter
+    7's `compile_only` uses it. Triton's active driver is set to a
+    `CompileOnlyDriver`, and the one before restored after."""
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
-    previous = driver._active       # Triton's DriverConfig field (3.6 to 3.9), or None
+    # Triton's DriverConfig field (3.6 to 3.9), or None
+    previous = driver._active
     driver.set_active(CompileOnlyDriver(GPUTarget("cuda", 10 * capability[0]
                                                   + capability[1], 32)))
     try:
         yield
     finally:
-        driver.set_active(previous)   # None again where none was set: made when asked
+        # None again where none was set: made when asked
+        driver.set_active(previous)

@@ -37,9 +37,10 @@ URL_RE = re.compile(r"https://[A-Za-z0-9.-]+(:[0-9]+)?(/[A-Za-z0-9._~-]+)+")
 REF_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._/-]*")
 
 TEMPLATE = '''\
-# On Google Colab: fetch the book's repository at the commit (or branch) named below,
-# install its package with the Triton kernels, and work in its book/ folder, where the
-# chapters find their data. Anywhere else this cell does nothing.
+# On Google Colab: fetch the book's repository at the commit (or branch) named
+# below, install its package with the Triton kernels, and work in its book/
+# folder, where the chapters find their data. Anywhere else this cell does
+# nothing.
 import importlib.util, os, shutil, subprocess, sys
 
 # The repository and the commit or branch, both written by tools/colab_cell.py:
@@ -49,12 +50,15 @@ if os.path.isdir("/content") and "google.colab" in sys.modules:
     src = "/content/kimi-mlp"
     if importlib.util.find_spec("kimi_mlp") is None:
         if not (REPOSITORY and REF):
-            raise RuntimeError("set REPOSITORY and REF above: this copy of the "
-                               "notebook names no repository to install kimi-mlp from")
+            raise RuntimeError("set REPOSITORY and REF above: this copy of "
+                               "the notebook names no repository to "
+                               "install kimi-mlp from")
         shutil.rmtree(src, ignore_errors=True)
-        for cmd in (["git", "clone", "-q", "--filter=blob:none", REPOSITORY, src],
+        pip = [sys.executable, "-m", "pip", "install", "-q"]
+        for cmd in (["git", "clone", "-q", "--filter=blob:none", REPOSITORY,
+                     src],
                     ["git", "-C", src, "checkout", "-q", REF],
-                    [sys.executable, "-m", "pip", "install", "-q", src + "[kernels]"]):
+                    pip + [src + "[kernels]"]):
             subprocess.run(cmd, check=True)
         importlib.invalidate_caches()
     os.chdir(src + "/book")'''

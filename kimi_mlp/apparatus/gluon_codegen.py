@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ['GLUON_KERNELS', 'loop_bodies', 'loop_waits', 'barrier_before_refill', 'loop_excerpt', 'compile_gluon', 'inspect_gluon']
+__all__ = ['GLUON_KERNELS', 'loop_bodies', 'loop_waits',
+           'barrier_before_refill', 'loop_excerpt', 'compile_gluon',
+           'inspect_gluon']
 
 # %% ../../book/appendix_f_gluon.ipynb #39eb7e62
 import argparse
@@ -22,7 +24,8 @@ _LOOP_LABEL = re.compile(r"^(\$L__BB\w+):")
 
 
 def loop_bodies(ptx: str) -> list[list[str]]:
-    "The PTX basic blocks that branch back to their own label: the loops' bodies."
+    """The PTX basic blocks that branch back to their own label:
+    the loops' bodies."""
     out, label, body = [], None, []
     for line in ptx.splitlines():
         s = line.strip()
@@ -38,14 +41,15 @@ def loop_bodies(ptx: str) -> list[list[str]]:
 def loop_waits(ptx: str) -> list[int]:
     "The N of every `wgmma.wait_group N` inside a loop body, in order."
     return [int(n) for body in loop_bodies(ptx) for line in body
-            for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)", line)]
+            for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+)",
+                                line)]
 
 
 def barrier_before_refill(ptx: str) -> bool:
     """Whether, in every loop body, a CTA-wide `bar.sync` stands between each
     `wgmma.wait_group` and the next TMA copy (`cp.async.bulk.tensor`): the wait
-    completes only the waiting warp group's wgmma, so the other one must have waited
-    too before a slot they both read is refilled."""
+    completes only the waiting warp group's wgmma, so the other one must have
+    waited too before a slot they both read is refilled."""
     for body in loop_bodies(ptx):
         pending = False
         for line in body:
@@ -59,10 +63,12 @@ def barrier_before_refill(ptx: str) -> bool:
 
 
 def loop_excerpt(ptx: str, width: int = 88) -> list[str]:
-    """A loop's last `wgmma.mma_async` before its first `wgmma.wait_group`, through
-    that wait and the line after it (no debug lines, labels or braces)."""
+    """A loop's last `wgmma.mma_async` before its first
+    `wgmma.wait_group`, through that wait and the line after it (no debug
+    lines, labels or braces)."""
     for body in loop_bodies(ptx):
-        code = [s for s in body if s and not s.startswith((".loc", "//", "$L__"))
+        code = [s for s in body if s
+                and not s.startswith((".loc", "//", "$L__"))
                 and s not in ("{", "}")]
         waits = [i for i, s in enumerate(code) if "wgmma.wait_group" in s]
         issued = [i for i, s in enumerate(code) if "wgmma.mma_async" in s
@@ -73,32 +79,38 @@ def loop_excerpt(ptx: str, width: int = 88) -> list[str]:
     return []
 
 # %% ../../book/appendix_f_gluon.ipynb #10f5226e
-#: What the Gluon kernels stand in for, for appendix D's model: (kernel, the Triton
-#: kernel whose launch it replaces, its BLOCK_M).
+#: What the Gluon kernels stand in for, for appendix D's model: (kernel, the
+#: Triton kernel whose launch it replaces, its BLOCK_M).
 GLUON_KERNELS = (("_gluon_gate_up_kernel", "_gate_up_swiglu_quant_kernel", 64),
                  ("_gluon_fp8_gemm_kernel", "_fp8_gemm_kernel", 128))
 
 
 def _variant(kernel, name, stands_for, block_m, m, grid) -> dict:
-    "One compiled kernel in the shape of appendix D's variants, plus its loop's waits."
+    """One compiled kernel in the shape of appendix D's variants, plus its
+    loop's waits."""
     from kimi_mlp.apparatus import codegen
     ptx, md = kernel.asm["ptx"], kernel.metadata
     log = codegen.ptxas_log(ptx, 90)
     return {"kernel": name, "stands_for": stands_for, "hash": md.hash,
-            "constexprs": {"BLOCK_M": block_m, "BLOCK_N": BLOCK_N, "BLOCK_K": BLOCK_K},
+            "constexprs": {"BLOCK_M": block_m, "BLOCK_N": BLOCK_N,
+                           "BLOCK_K": BLOCK_K},
             "num_warps": md.num_warps, "num_stages": 4, "shared": md.shared,
             **codegen.parse_ptxas(log)[kernel.name],
-            "ptxas_advice": [s.strip() for s in log.splitlines() if "C75" in s],
-            "matrix": codegen.matrix_instructions(ptx), "loop_waits": loop_waits(ptx),
+            "ptxas_advice": [s.strip() for s in log.splitlines()
+                             if "C75" in s],
+            "matrix": codegen.matrix_instructions(ptx),
+            "loop_waits": loop_waits(ptx),
             "barrier_before_refill": barrier_before_refill(ptx),
             "excerpt": loop_excerpt(ptx),
             "launches": [{"workload": "gluon", "m": m, "grid": list(grid)}]}
 
 
-def compile_gluon(ms, hidden_size: int = 7168, intermediate_size: int = 18432) -> list:
-    """Compile both Gluon kernels for sm_90a at each M of `ms` (the down GEMM with its
-    residual), on stand-in CPU tensors inside chapter 7's `compile_only`; one
-    variant per binary. Needs TRITON_INTERPRET=0 (`inspect_gluon`)."""
+def compile_gluon(ms, hidden_size: int = 7168,
+                  intermediate_size: int = 18432) -> list:
+    """Compile both Gluon kernels for sm_90a at each M of `ms` (the down GEMM
+    with its residual), on stand-in CPU tensors inside chapter 7's
+    `compile_only`; one variant per binary. Needs TRITON_INTERPRET=0
+    (`inspect_gluon`)."""
     d, f, e = hidden_size, intermediate_size, kernels.FP8_DTYPE
     cols = lambda n: -(-n // 128)
     variants = {}
@@ -109,7 +121,8 @@ def compile_gluon(ms, hidden_size: int = 7168, intermediate_size: int = 18432) -
             p, ps = torch.empty(m, f, dtype=e), torch.empty(m, cols(f))
             w, ws = torch.empty(d, f, dtype=e), torch.empty(cols(d), cols(f))
             r = torch.empty(m, d, dtype=torch.bfloat16)
-            built = (gluon_gate_up_swiglu_quant(x, xs, g, gs, g, gs, warmup=True),
+            built = (gluon_gate_up_swiglu_quant(x, xs, g, gs, g, gs,
+                                                warmup=True),
                      gluon_fp8_gemm(p, ps, w, ws, r, warmup=True))
             for kernel, (name, stands_for, bm) in zip(built, GLUON_KERNELS):
                 n = f if name == "_gluon_gate_up_kernel" else d
@@ -142,9 +155,10 @@ def _gluon_worker(argv=None) -> int:
 def inspect_gluon(ms=(1024, 4096), hidden_size: int = 7168,
                   intermediate_size: int = 18432, timeout: float = 1800,
                   pythonpath: str | None = None) -> dict:
-    """Compile the Gluon kernels for sm_90a at each M of `ms` in a fresh process with
-    TRITON_INTERPRET=0 (appendix D's `compile_in_child`), and return the report.
-    `pythonpath`: put this first on the child's path (another Triton release)."""
+    """Compile the Gluon kernels for sm_90a at each M of `ms` in a fresh
+    process with TRITON_INTERPRET=0 (appendix D's `compile_in_child`), and
+    return the report. `pythonpath`: put this first on the child's path
+    (another Triton release)."""
     from kimi_mlp.apparatus.codegen import compile_in_child
     return compile_in_child(
         "kimi_mlp.apparatus.gluon_codegen:_gluon_worker",

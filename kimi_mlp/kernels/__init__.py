@@ -5,13 +5,13 @@ from __future__ import annotations
 __all__ = []
 
 # %% ../../book/09_epilogues.ipynb #pk000002
-# kimi_mlp.kernels: the kernels of chapters 7 to 9 and appendix H, one module per
-# idea, each importing only from those before it; every public name imports from here.
-# runtime first: it imports the adapter, which chooses Triton's interpreter or its
-# compiler before any kernel of the others is decorated.
+# kimi_mlp.kernels: the kernels of chapters 7 to 9 and appendix H, one module
+# per idea, each importing only from those before it; every public name imports
+# from here. runtime first: it imports the adapter, which chooses Triton's
+# interpreter or its compiler before any kernel of the others is decorated.
 from . import runtime
-from . import (dequant, epilogues, gemm, norm_quant, numerics, plan,
-                              tensor_cores, w8a16)
+from . import (dequant, epilogues, gemm, norm_quant, numerics,
+                              plan, tensor_cores, w8a16)
 from .runtime import *
 from .numerics import *
 from .dequant import *
@@ -22,11 +22,11 @@ from .gemm import *
 from .epilogues import *
 from .w8a16 import *
 
-# What the later chapters and appendices call beside the public names: the launchers,
-# which take checked tensors and a plan, and the checks and plans they share.
+# Beside the public names, later chapters and appendices call the launchers
+# (which take checked tensors and a plan) and the checks and plans they share.
 from ..fp8 import FP8_DTYPE
-from .runtime import (_MODE, _check_offsets, _check_out, _check_tensor,
-                                      _cuda_index)
+from .runtime import (_MODE, _check_offsets, _check_out,
+                                      _check_tensor, _cuda_index)
 from .numerics import _e4m3_rounds_once, _native, _rounds_once
 from .norm_quant import _launch_rmsnorm_quant
 from .plan import _plan, _plan_for, _with_meta
@@ -36,6 +36,6 @@ from .epilogues import _launch_gate_up
 from .w8a16 import (_launch_w8a16_gate_up, _launch_w8a16_gemm,
                                     _launch_w8a16_norm, _w8a16_plan_for)
 
-__all__ = [name for module in (runtime, numerics, dequant, norm_quant, plan, gemm,
-                               tensor_cores, epilogues, w8a16)
+__all__ = [name for module in (runtime, numerics, dequant, norm_quant, plan,
+                               gemm, tensor_cores, epilogues, w8a16)
            for name in module.__all__]

@@ -14,19 +14,20 @@ import triton.language as tl
 
 from ..fp8 import FP8_DTYPE
 from .runtime import (
-    _check_block_size, _check_e4m3_gpu, _check_no_overlap, _check_offsets, _check_out,
-    _check_rank, _check_tensor, launch)
+    _check_block_size, _check_e4m3_gpu, _check_no_overlap, _check_offsets,
+    _check_out, _check_rank, _check_tensor, launch)
 from .numerics import _native, _to_bf16
 
 # %% ../../book/07_triton.ipynb #99a7dcae
 @triton.jit
-def _dequantize_kernel(w_ptr, s_ptr, out_ptr, N, K, s_cols, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, ROUND_BF16: tl.constexpr,
-                       NATIVE: tl.constexpr):
-    """One program per [BLOCK_N, BLOCK_K] weight block: out = float(w) * its scale.
+def _dequantize_kernel(w_ptr, s_ptr, out_ptr, N, K, s_cols,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       ROUND_BF16: tl.constexpr, NATIVE: tl.constexpr):
+    """One program per [BLOCK_N, BLOCK_K] weight block: out = float(w) * its
+    scale.
 
-    w: [N, K] e4m3; s: [ceil(N/BLOCK_N), s_cols] fp32; out: [N, K] (bf16, fp16 or
-    fp32)."""
+    w: [N, K] e4m3; s: [ceil(N/BLOCK_N), s_cols] fp32; out: [N, K] (bf16, fp16
+    or fp32)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -34,7 +35,8 @@ def _dequantize_kernel(w_ptr, s_ptr, out_ptr, N, K, s_cols, BLOCK_N: tl.constexp
     mask = (rn[:, None] < N) & (rk[None, :] < K)          # ragged edge blocks
     offs = rn[:, None] * K + rk[None, :]
     w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.load(s_ptr + pid_n * s_cols + pid_k)          # one fp32 per block
+    # one fp32 per block
+    scale = tl.load(s_ptr + pid_n * s_cols + pid_k)
     y = w * scale
     if ROUND_BF16:
         y = _to_bf16(y, NATIVE)
@@ -42,9 +44,9 @@ def _dequantize_kernel(w_ptr, s_ptr, out_ptr, N, K, s_cols, BLOCK_N: tl.constexp
 
 # %% ../../book/07_triton.ipynb #3efd2b19
 def _check_dequantize_args(w_fp8, weight_scale_inv, block_size, dtype, out):
-    """dequantize_blockwise_triton's arguments: an [N, K] e4m3 weight, its scales
-    [ceil(N/bn), ceil(K/bk)] fp32, the output dtype and an optional [N, K] buffer that
-    overlaps neither. Returns (N, K, bn, bk, out)."""
+    """dequantize_blockwise_triton's arguments: an [N, K] e4m3 weight, its
+    scales [ceil(N/bn), ceil(K/bk)] fp32, the output dtype and an optional
+    [N, K] buffer that overlaps neither. Returns (N, K, bn, bk, out)."""
     _check_rank("w_fp8", w_fp8, 2, "[N, K]")
     _check_e4m3_gpu("w_fp8", w_fp8)
     bn, bk = _check_block_size(block_size)
@@ -63,23 +65,26 @@ def _check_dequantize_args(w_fp8, weight_scale_inv, block_size, dtype, out):
     return n, k, bn, bk, out
 
 # %% ../../book/07_triton.ipynb #3a4bfb60
-def dequantize_blockwise_triton(w_fp8: torch.Tensor, weight_scale_inv: torch.Tensor,
-                                block_size=(128, 128), dtype=torch.bfloat16,
-                                out: torch.Tensor | None = None) -> torch.Tensor:
-    """Triton twin of `fp8.dequantize_weight_blockwise`: `float(w_fp8) *
-    weight_scale_inv` per block.
+def dequantize_blockwise_triton(
+        w_fp8: torch.Tensor, weight_scale_inv: torch.Tensor,
+        block_size=(128, 128), dtype=torch.bfloat16,
+        out: torch.Tensor | None = None) -> torch.Tensor:
+    """Triton twin of `fp8.dequantize_weight_blockwise`:
+    `float(w_fp8) * weight_scale_inv` per block.
 
-    w_fp8: [N, K] float8_e4m3fn; weight_scale_inv: [ceil(N/bn), ceil(K/bk)] float32;
-    block_size: powers of two (the checkpoint's (128, 128)). Returns [N, K] `dtype`
-    (bf16, fp16 or fp32), each product formed in fp32 and rounded once, bit for bit
-    equal to the torch version. `out`: optional preallocated [N, K] `dtype` result.
+    w_fp8: [N, K] float8_e4m3fn; weight_scale_inv: [ceil(N/bn), ceil(K/bk)]
+    float32; block_size: powers of two (the checkpoint's (128, 128)). Returns
+    [N, K] `dtype` (bf16, fp16 or fp32), each product formed in fp32 and
+    rounded once, bit for bit equal to the torch version. `out`: optional
+    preallocated [N, K] `dtype` result.
     """
-    n, k, bn, bk, out = _check_dequantize_args(w_fp8, weight_scale_inv, block_size,
-                                               dtype, out)
+    n, k, bn, bk, out = _check_dequantize_args(w_fp8, weight_scale_inv,
+                                               block_size, dtype, out)
     if out is None:
         out = torch.empty(n, k, dtype=dtype, device=w_fp8.device)
     grid = tuple(weight_scale_inv.shape)          # one program per scale block
-    launch(_dequantize_kernel, grid, w_fp8, weight_scale_inv, out, n, k, grid[1],
-           BLOCK_N=bn, BLOCK_K=bk, ROUND_BF16=dtype == torch.bfloat16,
-           NATIVE=_native(w_fp8.device), num_warps=8 if bn * bk >= 128 * 128 else 4)
+    launch(_dequantize_kernel, grid, w_fp8, weight_scale_inv, out, n, k,
+           grid[1], BLOCK_N=bn, BLOCK_K=bk,
+           ROUND_BF16=dtype == torch.bfloat16, NATIVE=_native(w_fp8.device),
+           num_warps=8 if bn * bk >= 128 * 128 else 4)
     return out

@@ -22,26 +22,28 @@ from .numerics import _native
 from .norm_quant import _quantize_groups
 from .plan import _check_split_k, _plan_for
 from .gemm import (
-    _acc_offsets, _act_operand, _check_down_args, _check_fp8_operands, _last_of_tile,
-    _launch_gemm, _load_act, _load_weight, _mma, _program_tile, _scaled, _sum_slices,
-    _weight_operands, _zero_acc)
+    _acc_offsets, _act_operand, _check_down_args, _check_fp8_operands,
+    _last_of_tile, _launch_gemm, _load_act, _load_weight, _mma, _program_tile,
+    _scaled, _sum_slices, _weight_operands, _zero_acc)
 
 # %% ../../book/09_epilogues.ipynb #89e7aa13
 @triton.jit
 def _swiglu(g, u):
-    "silu(g) * u in fp32: the one expression the fused kernel and the reduction share."
+    """silu(g) * u in fp32: the one expression the fused kernel and the
+    reduction share."""
     return g / (1.0 + tl.exp(-g)) * u
 
 
 @triton.jit
-def _swiglu_quant_store(acc_g, acc_u, q_ptr, q_s_ptr, p_ptr, rm, rn, m_ok, n_ok, F,
-                        group, fp8_max, amax_eps, WRITE_P: tl.constexpr,
-                        NATIVE: tl.constexpr):
-    """acc_g, acc_u: [BM, 128] fp32 sums of gate and up for tokens rm, features rn (the
-    quantization group `group`) -> p = silu(g) * u quantized 1 x 128: stores the codes
-    q, the scales q_s and (WRITE_P) p itself."""
+def _swiglu_quant_store(acc_g, acc_u, q_ptr, q_s_ptr, p_ptr, rm, rn, m_ok,
+                        n_ok, F, group, fp8_max, amax_eps,
+                        WRITE_P: tl.constexpr, NATIVE: tl.constexpr):
+    """acc_g, acc_u: [BM, 128] fp32 sums of gate and up for tokens rm,
+    features rn (the quantization group `group`) -> p = silu(g) * u quantized
+    1 x 128: stores the codes q, the scales q_s and (WRITE_P) p itself."""
     mask = m_ok[:, None] & n_ok[None, :]
-    p = tl.where(mask, _swiglu(acc_g, acc_u), 0.0)     # a partial group: real columns
+    # a partial group: real columns
+    p = tl.where(mask, _swiglu(acc_g, acc_u), 0.0)
     offs = rm[:, None] * F + rn[None, :]
     if WRITE_P:
         tl.store(p_ptr + offs, p, mask=mask)
@@ -60,68 +62,72 @@ def _as_rows(acc, SWAP: tl.constexpr):
 
 
 @triton.jit
-def _split_tail(acc_g, acc_u, ws_ptr, cnt_ptr, q_ptr, q_s_ptr, p_ptr, rm, rn, m_ok,
-                n_ok, M, F, splits, group, fp8_max, amax_eps, SWAP: tl.constexpr,
-                FOLD: tl.constexpr, WRITE_P: tl.constexpr, NATIVE: tl.constexpr):
-    """A split gate/up program's end: store its sums of g and u (accumulator layout) in
-    ws [splits, 2, M, F]; with FOLD, if it is its tile's last slice to arrive, sum all
-    slices in order and run the fused epilogue on [tokens, features]."""
+def _split_tail(acc_g, acc_u, ws_ptr, cnt_ptr, q_ptr, q_s_ptr, p_ptr, rm, rn,
+                m_ok, n_ok, M, F, splits, group, fp8_max, amax_eps,
+                SWAP: tl.constexpr, FOLD: tl.constexpr, WRITE_P: tl.constexpr,
+                NATIVE: tl.constexpr):
+    """A split gate/up program's end: store its sums of g and u (accumulator
+    layout) in ws [splits, 2, M, F]; with FOLD, if it is its tile's last slice
+    to arrive, sum all slices in order and run the fused epilogue on
+    [tokens, features]."""
     offs, mask = _acc_offsets(rm, rn, m_ok, n_ok, F, SWAP)
     tl.store(ws_ptr + tl.program_id(1) * 2 * M * F + offs, acc_g, mask=mask)
-    tl.store(ws_ptr + (tl.program_id(1) * 2 + 1) * M * F + offs, acc_u, mask=mask)
+    tl.store(ws_ptr + (tl.program_id(1) * 2 + 1) * M * F + offs, acc_u,
+             mask=mask)
     if FOLD:
-        if _last_of_tile(cnt_ptr, splits):              # all slices stored: sum them
+        if _last_of_tile(cnt_ptr, splits):  # all slices stored: sum them
             g = _sum_slices(ws_ptr, offs, mask, splits, 2 * M * F)
             u = _sum_slices(ws_ptr + M * F, offs, mask, splits, 2 * M * F)
-            _swiglu_quant_store(_as_rows(g, SWAP), _as_rows(u, SWAP), q_ptr, q_s_ptr,
-                                p_ptr, rm, rn, m_ok, n_ok, F, group, fp8_max,
-                                amax_eps, WRITE_P, NATIVE)
+            _swiglu_quant_store(_as_rows(g, SWAP), _as_rows(u, SWAP), q_ptr,
+                                q_s_ptr, p_ptr, rm, rn, m_ok, n_ok, F, group,
+                                fp8_max, amax_eps, WRITE_P, NATIVE)
 
 # %% ../../book/09_epilogues.ipynb #7b0f55c3
 @triton.jit
 def _gate_up_swiglu_quant_kernel(
-        x_ptr, x_s_ptr, g_ptr, g_s_ptr, u_ptr, u_s_ptr, q_ptr, q_s_ptr, ws_ptr, cnt_ptr,
-        p_ptr, M, F, K, stride_x, splits, fp8_max, amax_eps, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-        SWAP: tl.constexpr, TMA_A: tl.constexpr, TMA_W: tl.constexpr,
-        SPLIT: tl.constexpr, FOLD: tl.constexpr, WRITE_P: tl.constexpr,
-        EXACT_DOT: tl.constexpr, NATIVE: tl.constexpr):
-    """p = silu(x @ gate^T) * (x @ up^T) quantized 1 x 128, a BLOCK_M x 128 tile per
-    program, grid and operands as `_fp8_gemm_kernel` (gate, up: [F, K]); q: [M, F] uint8
-    (e4m3 bits), q_s: [M, ceil(F/128)] fp32, p (WRITE_P): [M, F] fp32. SPLIT: g and u go
-    to ws [splits, 2, M, F]; with FOLD the tile's last slice runs the epilogue on them.
-    """
+        x_ptr, x_s_ptr, g_ptr, g_s_ptr, u_ptr, u_s_ptr, q_ptr, q_s_ptr, ws_ptr,
+        cnt_ptr, p_ptr, M, F, K, stride_x, splits, fp8_max, amax_eps,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        GROUP_M: tl.constexpr, SWAP: tl.constexpr, TMA_A: tl.constexpr,
+        TMA_W: tl.constexpr, SPLIT: tl.constexpr, FOLD: tl.constexpr,
+        WRITE_P: tl.constexpr, EXACT_DOT: tl.constexpr, NATIVE: tl.constexpr):
+    """p = silu(x @ gate^T) * (x @ up^T) quantized 1 x 128, a BLOCK_M x 128
+    tile per program, grid and operands as `_fp8_gemm_kernel` (gate, up:
+    [F, K]); q: [M, F] uint8 (e4m3 bits), q_s: [M, ceil(F/128)] fp32,
+    p (WRITE_P): [M, F] fp32. SPLIT: g and u go to ws [splits, 2, M, F]; with
+    FOLD the tile's last slice runs the epilogue on them."""
     pid_n, off_m, off_n, rm, rn, m_ok, n_ok, k_steps, lo, hi = _program_tile(
         M, F, K, splits, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     acc_g = _zero_acc(BLOCK_M, BLOCK_N, SWAP)
     acc_u = tl.zeros_like(acc_g)
     for step in range(lo, hi):
-        x, x_s = _load_act(x_ptr, x_s_ptr, stride_x, K, k_steps, rm, m_ok, off_m, step,
-                           BLOCK_K, TMA_A)
-        wg, g_s = _load_weight(g_ptr, g_s_ptr, K, k_steps, rn, n_ok, off_n, step,
-                               BLOCK_K, TMA_W)
-        wu, u_s = _load_weight(u_ptr, u_s_ptr, K, k_steps, rn, n_ok, off_n, step,
-                               BLOCK_K, TMA_W)
+        x, x_s = _load_act(x_ptr, x_s_ptr, stride_x, K, k_steps, rm, m_ok,
+                           off_m, step, BLOCK_K, TMA_A)
+        wg, g_s = _load_weight(g_ptr, g_s_ptr, K, k_steps, rn, n_ok, off_n,
+                               step, BLOCK_K, TMA_W)
+        wu, u_s = _load_weight(u_ptr, u_s_ptr, K, k_steps, rn, n_ok, off_n,
+                               step, BLOCK_K, TMA_W)
         acc_g += _scaled(_mma(x, wg, SWAP, EXACT_DOT), x_s, g_s, SWAP)
         acc_u += _scaled(_mma(x, wu, SWAP, EXACT_DOT), x_s, u_s, SWAP)
     if SPLIT:
-        _split_tail(acc_g, acc_u, ws_ptr, cnt_ptr, q_ptr, q_s_ptr, p_ptr, rm, rn, m_ok,
-                    n_ok, M, F, splits, pid_n, fp8_max, amax_eps, SWAP, FOLD, WRITE_P,
-                    NATIVE)
+        _split_tail(acc_g, acc_u, ws_ptr, cnt_ptr, q_ptr, q_s_ptr, p_ptr, rm,
+                    rn, m_ok, n_ok, M, F, splits, pid_n, fp8_max, amax_eps,
+                    SWAP, FOLD, WRITE_P, NATIVE)
     else:
-        _swiglu_quant_store(_as_rows(acc_g, SWAP), _as_rows(acc_u, SWAP), q_ptr,
-                            q_s_ptr, p_ptr, rm, rn, m_ok, n_ok, F, pid_n, fp8_max,
-                            amax_eps, WRITE_P, NATIVE)
+        _swiglu_quant_store(_as_rows(acc_g, SWAP), _as_rows(acc_u, SWAP),
+                            q_ptr, q_s_ptr, p_ptr, rm, rn, m_ok, n_ok, F,
+                            pid_n, fp8_max, amax_eps, WRITE_P, NATIVE)
 
 # %% ../../book/09_epilogues.ipynb #3e9f61aa
 @triton.jit
-def _swiglu_quant_reduce_kernel(ws_ptr, q_ptr, q_s_ptr, p_ptr, M, F, splits, fp8_max,
-                                amax_eps, BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
-                                WRITE_P: tl.constexpr, NATIVE: tl.constexpr):
-    """Program (i, g): tokens [i*BLOCK_M, (i+1)*BLOCK_M), quantization group g. Sums the
-    split-K partials ws [splits, 2, M, F] fp32 (gate, up) in slice order, deterministic,
-    then the fused kernel's epilogue: p = silu(g) * u, quantized 1 x 128 (with one
-    slice, the fused kernel's bits)."""
+def _swiglu_quant_reduce_kernel(ws_ptr, q_ptr, q_s_ptr, p_ptr, M, F, splits,
+                                fp8_max, amax_eps, BLOCK_M: tl.constexpr,
+                                GROUP: tl.constexpr, WRITE_P: tl.constexpr,
+                                NATIVE: tl.constexpr):
+    """Program (i, g): tokens [i*BLOCK_M, (i+1)*BLOCK_M), quantization group g.
+    Sums the split-K partials ws [splits, 2, M, F] fp32 (gate, up) in slice
+    order, deterministic, then the fused kernel's epilogue: p = silu(g) * u,
+    quantized 1 x 128 (with one slice, the fused kernel's bits)."""
     g = tl.program_id(1)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = g * GROUP + tl.arange(0, GROUP)
@@ -132,83 +138,96 @@ def _swiglu_quant_reduce_kernel(ws_ptr, q_ptr, q_s_ptr, p_ptr, M, F, splits, fp8
     acc_u = tl.load(ws_ptr + M * F + offs, mask=mask, other=0.0)
     for s in range(1, splits):
         acc_g += tl.load(ws_ptr + s * 2 * M * F + offs, mask=mask, other=0.0)
-        acc_u += tl.load(ws_ptr + (s * 2 + 1) * M * F + offs, mask=mask, other=0.0)
-    _swiglu_quant_store(acc_g, acc_u, q_ptr, q_s_ptr, p_ptr, rm, rn, m_ok, n_ok, F, g,
-                        fp8_max, amax_eps, WRITE_P, NATIVE)
+        acc_u += tl.load(ws_ptr + (s * 2 + 1) * M * F + offs, mask=mask,
+                         other=0.0)
+    _swiglu_quant_store(acc_g, acc_u, q_ptr, q_s_ptr, p_ptr, rm, rn, m_ok,
+                        n_ok, F, g, fp8_max, amax_eps, WRITE_P, NATIVE)
 
 # %% ../../book/09_epilogues.ipynb #4186d3a7
-def _launch_gate_up(x, x_s, gate, gate_scale, up, up_scale, codes, scale_out, p_out,
-                    plan, ws=None, force_reduce=False, counters=None):
-    """Launch gate/up per `plan` on validated tensors (gate, up: weights or descriptors,
-    `_weight_operands`; codes: a uint8 view of the e4m3 output), one launch. Split-K:
-    ws an optional [split_k, 2, M, F] fp32 workspace, counters an optional [tiles]
-    int32 one, all zero (None: allocated here, by `torch.zeros`, a fill launch on a
-    GPU), which the launch leaves zero. `force_reduce`: the reference, the split kernel
-    then `_swiglu_quant_reduce_kernel` (two launches), with any split_k (one: a bitwise
-    check of the split path against the fused epilogue)."""
+def _launch_gate_up(x, x_s, gate, gate_scale, up, up_scale, codes, scale_out,
+                    p_out, plan, ws=None, force_reduce=False, counters=None):
+    """Launch gate/up per `plan` on validated tensors (gate, up: weights or
+    descriptors, `_weight_operands`; codes: a uint8 view of the e4m3 output),
+    one launch. Split-K: ws an optional [split_k, 2, M, F] fp32 workspace,
+    counters an optional [tiles] int32 one, all zero (None: allocated here, by
+    `torch.zeros`, a fill launch on a GPU), which the launch leaves zero.
+    `force_reduce`: the reference, the split kernel then
+    `_swiglu_quant_reduce_kernel` (two launches), with any split_k (one: a
+    bitwise check of the split path against the fused epilogue)."""
     m, k = x.shape
     f, split = codes.shape[1], plan["split_k"]
     x_op, tma_a = _act_operand(x, plan)
-    p = p_out if p_out is not None else scale_out      # a placeholder when unused
+    p = p_out if p_out is not None else scale_out  # a placeholder when unused
     write_p, tma_w = p_out is not None, isinstance(gate, TensorDescriptor)
     native, fold = _native(codes.device), split > 1 and not force_reduce
     if (fold or force_reduce) and ws is None:
-        ws = torch.empty(split, 2, m, f, dtype=torch.float32, device=codes.device)
+        ws = torch.empty(split, 2, m, f, dtype=torch.float32,
+                         device=codes.device)
     if fold and counters is None:
-        counters = torch.zeros(plan["tiles"], dtype=torch.int32, device=codes.device)
-    launch(_gate_up_swiglu_quant_kernel, (plan["tiles"], split), x_op, x_s, gate,
-           gate_scale, up, up_scale, codes, scale_out, scale_out if ws is None else ws,
-           counters if fold else scale_out, p, m, f, k, x.stride(0), split, FP8_MAX,
-           ACT_AMAX_EPS, SPLIT=fold or force_reduce, FOLD=fold, WRITE_P=write_p,
+        counters = torch.zeros(plan["tiles"], dtype=torch.int32,
+                               device=codes.device)
+    launch(_gate_up_swiglu_quant_kernel, (plan["tiles"], split), x_op, x_s,
+           gate, gate_scale, up, up_scale, codes, scale_out,
+           scale_out if ws is None else ws, counters if fold else scale_out,
+           p, m, f, k, x.stride(0), split, FP8_MAX, ACT_AMAX_EPS,
+           SPLIT=fold or force_reduce, FOLD=fold, WRITE_P=write_p,
            NATIVE=native, TMA_A=tma_a, TMA_W=tma_w, **plan["meta"])
     if force_reduce:
-        launch(_swiglu_quant_reduce_kernel, (-(-m // 16), -(-f // QUANT_BLOCK)), ws,
-               codes, scale_out, p, m, f, split, FP8_MAX, ACT_AMAX_EPS, BLOCK_M=16,
-               GROUP=QUANT_BLOCK, WRITE_P=write_p, NATIVE=native, num_warps=4)
+        launch(_swiglu_quant_reduce_kernel,
+               (-(-m // 16), -(-f // QUANT_BLOCK)), ws, codes, scale_out, p, m,
+               f, split, FP8_MAX, ACT_AMAX_EPS, BLOCK_M=16, GROUP=QUANT_BLOCK,
+               WRITE_P=write_p, NATIVE=native, num_warps=4)
 
 # %% ../../book/09_epilogues.ipynb #ec42b55d
-def _check_gate_up_args(x_fp8, x_scale, gate_w, gate_scale, up_w, up_scale, out,
-                        scale_out, p_out, split_k):
+def _check_gate_up_args(x_fp8, x_scale, gate_w, gate_scale, up_w, up_scale,
+                        out, scale_out, p_out, split_k):
     "fp8_gate_up_swiglu_quant's arguments. Returns (M, F, d, out, scale_out)."
     m, f, k = _check_fp8_operands("x_fp8", x_fp8, "x_scale", x_scale,
                                   "gate_w", gate_w, "gate_scale", gate_scale)
     _check_rank("up_w", up_w, 2, "[F, d]")
     _check_tensor("up_w", up_w, FP8_DTYPE, (f, k), x_fp8.device)
-    _check_tensor("up_scale", up_scale, torch.float32, _scale_shape(f, k), x_fp8.device)
+    _check_tensor("up_scale", up_scale, torch.float32, _scale_shape(f, k),
+                  x_fp8.device)
     _check_split_k(split_k)
     groups, dev = math.ceil(f / QUANT_BLOCK), x_fp8.device
     out = _check_out("out", out, FP8_DTYPE, (m, f), dev)
-    scale_out = _check_out("scale_out", scale_out, torch.float32, (m, groups), dev)
+    scale_out = _check_out("scale_out", scale_out, torch.float32,
+                           (m, groups), dev)
     _check_out("p_out", p_out, torch.float32, (m, f), dev)
-    _check_no_overlap([("out", out), ("scale_out", scale_out), ("p_out", p_out)],
-                      [("x_fp8", x_fp8), ("x_scale", x_scale), ("gate_w", gate_w),
-                       ("gate_scale", gate_scale), ("up_w", up_w),
-                       ("up_scale", up_scale)])
+    _check_no_overlap([("out", out), ("scale_out", scale_out),
+                       ("p_out", p_out)],
+                      [("x_fp8", x_fp8), ("x_scale", x_scale),
+                       ("gate_w", gate_w), ("gate_scale", gate_scale),
+                       ("up_w", up_w), ("up_scale", up_scale)])
     return m, f, k, out, scale_out
 
 # %% ../../book/09_epilogues.ipynb #6b3f2d90
-def fp8_gate_up_swiglu_quant(x_fp8: torch.Tensor, x_scale: torch.Tensor,
-                             gate_w: torch.Tensor, gate_scale: torch.Tensor,
-                             up_w: torch.Tensor, up_scale: torch.Tensor, *,
-                             out: torch.Tensor | None = None,
-                             scale_out: torch.Tensor | None = None,
-                             p_out: torch.Tensor | None = None,
-                             split_k: int | None = None, num_sms: int | None = None):
-    """Fused `gate_proj`, `up_proj`, SwiGLU and the down projection's quantization.
+def fp8_gate_up_swiglu_quant(
+        x_fp8: torch.Tensor, x_scale: torch.Tensor, gate_w: torch.Tensor,
+        gate_scale: torch.Tensor, up_w: torch.Tensor, up_scale: torch.Tensor,
+        *, out: torch.Tensor | None = None,
+        scale_out: torch.Tensor | None = None,
+        p_out: torch.Tensor | None = None,
+        split_k: int | None = None, num_sms: int | None = None):
+    """Fused `gate_proj`, `up_proj`, SwiGLU and the down projection's
+    quantization.
 
-    x_fp8: [M, d] e4m3 with x_scale [M, ceil(d/128)] fp32 (from `rmsnorm_quant`);
-    gate_w, up_w: [F, d] e4m3 with gate_scale, up_scale [ceil(F/128), ceil(d/128)] fp32
-    (`weight_scale_inv`). Returns `(p_fp8 [M, F] e4m3, p_scale [M, ceil(F/128)] fp32)`:
-    the GEMMs accumulate in fp32 as in `fp8_gemm`, p = silu(g) * u is quantized per
-    1 x 128 group before it leaves the kernel, never written in bf16. `out`,
-    `scale_out`: optional results; `p_out`: optional [M, F] fp32 buffer for p itself
-    (`quantize_activation(p_out)` equals the results bit for bit). `split_k`, `num_sms`
-    as in `fp8_gemm`; with slices, the last of a tile sums them in order."""
+    x_fp8: [M, d] e4m3 with x_scale [M, ceil(d/128)] fp32 (from
+    `rmsnorm_quant`); gate_w, up_w: [F, d] e4m3 with gate_scale, up_scale
+    [ceil(F/128), ceil(d/128)] fp32 (`weight_scale_inv`). Returns
+    `(p_fp8 [M, F] e4m3, p_scale [M, ceil(F/128)] fp32)`: the GEMMs accumulate
+    in fp32 as in `fp8_gemm`, p = silu(g) * u is quantized per 1 x 128 group
+    before it leaves the kernel, never written in bf16. `out`, `scale_out`:
+    optional results; `p_out`: optional [M, F] fp32 buffer for p itself
+    (`quantize_activation(p_out)` equals the results bit for bit).
+    `split_k`, `num_sms` as in `fp8_gemm`; with slices, the last of a tile
+    sums them in order."""
     m, f, k, out, scale_out = _check_gate_up_args(
-        x_fp8, x_scale, gate_w, gate_scale, up_w, up_scale, out, scale_out, p_out,
-        split_k)
+        x_fp8, x_scale, gate_w, gate_scale, up_w, up_scale, out, scale_out,
+        p_out, split_k)
     groups, dev = math.ceil(f / QUANT_BLOCK), x_fp8.device
-    out = torch.empty(m, f, dtype=FP8_DTYPE, device=dev) if out is None else out
+    out = (torch.empty(m, f, dtype=FP8_DTYPE, device=dev) if out is None
+           else out)
     if scale_out is None:
         scale_out = torch.empty(m, groups, dtype=torch.float32, device=dev)
     if m > 0:
@@ -219,21 +238,25 @@ def fp8_gate_up_swiglu_quant(x_fp8: torch.Tensor, x_scale: torch.Tensor,
     return out, scale_out
 
 # %% ../../book/09_epilogues.ipynb #44b44d95
-def fp8_down_residual(p_fp8: torch.Tensor, p_scale: torch.Tensor, down_w: torch.Tensor,
-                      down_scale: torch.Tensor, residual: torch.Tensor, *,
-                      out: torch.Tensor | None = None, split_k: int | None = None,
+def fp8_down_residual(p_fp8: torch.Tensor, p_scale: torch.Tensor,
+                      down_w: torch.Tensor, down_scale: torch.Tensor,
+                      residual: torch.Tensor, *,
+                      out: torch.Tensor | None = None,
+                      split_k: int | None = None,
                       num_sms: int | None = None) -> torch.Tensor:
-    """`residual + down_proj(p)`: `fp8_gemm` with the residual add in its epilogue.
+    """`residual + down_proj(p)`: `fp8_gemm` with the residual add
+    in its epilogue.
 
     p_fp8: [M, F] e4m3 with p_scale [M, ceil(F/128)] fp32 (from
-    `fp8_gate_up_swiglu_quant`); down_w: [d, F] e4m3 with down_scale [ceil(d/128),
-    ceil(F/128)] fp32; residual: [M, d] bf16 (or fp32). Returns [M, d] in residual's
-    dtype, rounded as the unfused code rounds: the GEMM's fp32 sum to bf16, then
-    `residual + that` to bf16. `out` may be `residual` itself (in place) or a buffer
-    that overlaps no input; `split_k`, `num_sms` as in `fp8_gemm`.
+    `fp8_gate_up_swiglu_quant`); down_w: [d, F] e4m3 with down_scale
+    [ceil(d/128), ceil(F/128)] fp32; residual: [M, d] bf16 (or fp32). Returns
+    [M, d] in residual's dtype, rounded as the unfused code rounds: the GEMM's
+    fp32 sum to bf16, then `residual + that` to bf16. `out` may be `residual`
+    itself (in place) or a buffer that overlaps no input; `split_k`, `num_sms`
+    as in `fp8_gemm`.
     """
-    m, d, f, out = _check_down_args(p_fp8, p_scale, down_w, down_scale, residual, out,
-                                    split_k)
+    m, d, f, out = _check_down_args(p_fp8, p_scale, down_w, down_scale,
+                                    residual, out, split_k)
     if out is None:
         out = torch.empty_like(residual)
     if m == 0 or d == 0:

@@ -5,7 +5,7 @@ from __future__ import annotations
 __all__ = ['fp8_gemm']
 
 # %% ../../book/08_gemm.ipynb #imgemm
-# kimi_mlp.kernels.gemm: the block-scaled FP8 GEMM, with split-K and the residual.
+# kimi_mlp.kernels.gemm: the block-scaled FP8 GEMM, with split-K and residual.
 import math
 
 import torch
@@ -16,17 +16,19 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .. import gpus
 from ..fp8 import FP8_DTYPE
 from .runtime import (
-    QUANT_BLOCK, _check_e4m3_gpu, _check_no_overlap, _check_offsets, _check_out,
-    _check_rank, _check_tensor, _scale_shape, device_arch, launch)
+    QUANT_BLOCK, _check_e4m3_gpu, _check_no_overlap, _check_offsets,
+    _check_out, _check_rank, _check_tensor, _scale_shape, device_arch, launch)
 from .numerics import _native, _to_bf16
 from .plan import _check_split_k, _plan_for
 
 # %% ../../book/08_gemm.ipynb #131c3f9c
 @triton.jit
 def _e4m3_to_f64(x):
-    "e4m3 tile -> float64, NaN codes 0x7F / 0xFF as NaN (the interpreter reads 480)."
+    """e4m3 tile -> float64, NaN codes 0x7F / 0xFF as NaN (the interpreter
+    reads 480)."""
     bits = x.to(tl.uint8, bitcast=True)
-    v = x.to(tl.float32).to(tl.float64)        # exact (the interpreter needs two steps)
+    # exact (the interpreter needs two steps)
+    v = x.to(tl.float32).to(tl.float64)
     return tl.where((bits & 0x7F) == 0x7F, float("nan"), v)
 
 
@@ -34,9 +36,9 @@ def _e4m3_to_f64(x):
 def _dot_step(a, w, EXACT_DOT: tl.constexpr):
     """One 128-wide K step: [BM, 128] e4m3 @ [128, BN] e4m3 -> [BM, BN] fp32.
 
-    EXACT_DOT (the interpreter): the sum of 128 e4m3 products is exact in float64 in
-    any order; rounded once to float32 it is `fp8_linear_w8a8`'s step, bit for bit.
-    Otherwise `tl.dot` on the FP8 tensor cores."""
+    EXACT_DOT (the interpreter): the sum of 128 e4m3 products is exact in
+    float64 in any order; rounded once to float32 it is `fp8_linear_w8a8`'s
+    step, bit for bit. Otherwise `tl.dot` on the FP8 tensor cores."""
     if EXACT_DOT:
         d = tl.dot(_e4m3_to_f64(a), _e4m3_to_f64(w), out_dtype=tl.float64)
         return d.to(tl.float32)
@@ -47,8 +49,9 @@ def _dot_step(a, w, EXACT_DOT: tl.constexpr):
 @triton.jit
 def _epilogue(acc, r_ptr, c_ptr, offs, mask, HAS_RESIDUAL: tl.constexpr,
               ROUND_BF16: tl.constexpr, NATIVE: tl.constexpr):
-    """Round the fp32 result to the output dtype, then (optionally) add the residual and
-    round again: the two roundings of the unfused `residual + linear(p)` in bf16."""
+    """Round the fp32 result to the output dtype, then (optionally) add the
+    residual and round again: the two roundings of the unfused `residual +
+    linear(p)` in bf16."""
     out = acc
     if ROUND_BF16:
         out = _to_bf16(out, NATIVE)
@@ -62,9 +65,10 @@ def _epilogue(acc, r_ptr, c_ptr, offs, mask, HAS_RESIDUAL: tl.constexpr,
 @triton.jit
 def _tile_ids(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
               GROUP_M: tl.constexpr):
-    """Program pid -> its output tile (pid_m, pid_n), in grouped order: GROUP_M token
-    tiles walk the weight tiles together (tokens fastest), so the programs running at
-    the same time share weight tiles and a band of activation rows in L2."""
+    """Program pid -> its output tile (pid_m, pid_n), in grouped order: GROUP_M
+    token tiles walk the weight tiles together (tokens fastest), so the
+    programs running at the same time share weight tiles and a band of
+    activation rows in L2."""
     num_pid_m = tl.cdiv(M, BLOCK_M)
     width = GROUP_M * tl.cdiv(N, BLOCK_N)
     first_m = (pid // width) * GROUP_M
@@ -74,15 +78,18 @@ def _tile_ids(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 
 @triton.jit
 def _k_slice(pid_k, splits, k_steps):
-    "K steps [lo, hi) of slice pid_k of `splits`, balanced: sizes differ by 1 at most."
+    """K steps [lo, hi) of slice pid_k of `splits`, balanced: sizes differ
+    by 1 at most."""
     return pid_k * k_steps // splits, (pid_k + 1) * k_steps // splits
 
 # %% ../../book/08_gemm.ipynb #40c2c5cc
 @triton.jit
-def _program_tile(M, N, K, splits, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """What a GEMM program works on (grid: tiles, splits): its weight tile pid_n, the
-    tile's first token and row, their indices and masks, and its K steps [lo, hi)."""
+def _program_tile(M, N, K, splits, BLOCK_M: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  GROUP_M: tl.constexpr):
+    """What a GEMM program works on (grid: tiles, splits): its weight tile
+    pid_n, the tile's first token and row, their indices and masks, and its K
+    steps [lo, hi)."""
     pid_m, pid_n = _tile_ids(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
     off_m, off_n = pid_m * BLOCK_M, pid_n * BLOCK_N
     rm, rn = off_m + tl.arange(0, BLOCK_M), off_n + tl.arange(0, BLOCK_N)
@@ -93,25 +100,27 @@ def _program_tile(M, N, K, splits, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 # %% ../../book/08_gemm.ipynb #4bd1c8e0
 @triton.jit
 def _rows_tile(ptr, rows, rows_ok, stride, k, K, other: tl.constexpr):
-    """Rows `rows` x columns k of a row-major matrix (row stride `stride`, K
-    columns), masked: `other` where a row is past the end (not rows_ok) or k >= K."""
+    """Rows `rows` x columns k of a row-major matrix (row stride `stride`,
+    K columns), masked: `other` where a row is past the end (not rows_ok) or
+    k >= K."""
     return tl.load(ptr + rows[:, None] * stride + k[None, :],
                    mask=rows_ok[:, None] & (k < K)[None, :], other=other)
 
 
 @triton.jit
 def _block_scale_at(s_ptr, off_n, k_steps, step):
-    """The fp32 scale of the 128 x 128 weight block that holds row off_n at K step
-    `step` (s: [ceil(N/128), k_steps], row-major)."""
+    """The fp32 scale of the 128 x 128 weight block that holds row off_n at K
+    step `step` (s: [ceil(N/128), k_steps], row-major)."""
     return tl.load(s_ptr + (off_n // 128) * k_steps + step)
 
 
 @triton.jit
 def _load_act(a_ptr, a_s_ptr, stride_a, K, k_steps, rm, m_ok, off_m, step,
               BLOCK_K: tl.constexpr, TMA: tl.constexpr):
-    """One K step of the activation: a [BM, 128] e4m3 (rows rm = off_m + arange, row
-    stride stride_a) and its 1 x 128 scales a_s [BM] fp32 (0 past M). TMA: a_ptr is a
-    descriptor, and the copy engine fills what lies past the edges with zeros."""
+    """One K step of the activation: a [BM, 128] e4m3 (rows rm = off_m
+    + arange, row stride stride_a) and its 1 x 128 scales a_s [BM] fp32 (0
+    past M). TMA: a_ptr is a descriptor, and the copy engine fills what lies
+    past the edges with zeros."""
     if TMA:
         a = a_ptr.load([off_m, step * BLOCK_K])
     else:
@@ -123,9 +132,9 @@ def _load_act(a_ptr, a_s_ptr, stride_a, K, k_steps, rm, m_ok, off_m, step,
 @triton.jit
 def _load_weight(w_ptr, w_s_ptr, K, k_steps, rn, n_ok, off_n, step,
                  BLOCK_K: tl.constexpr, TMA: tl.constexpr):
-    """One K step of the weight: w [BN, 128] e4m3, rows rn = off_n + arange as stored
-    (contiguous along K), and the scale w_s of their 128 x 128 block (BN = 128: one
-    block). TMA as in `_load_act`."""
+    """One K step of the weight: w [BN, 128] e4m3, rows rn = off_n + arange
+    as stored (contiguous along K), and the scale w_s of their 128 x 128
+    block (BN = 128: one block). TMA as in `_load_act`."""
     if TMA:
         w = w_ptr.load([off_n, step * BLOCK_K])
     else:
@@ -135,8 +144,10 @@ def _load_weight(w_ptr, w_s_ptr, K, k_steps, rn, n_ok, off_n, step,
 
 # %% ../../book/08_gemm.ipynb #5a7e02d4
 @triton.jit
-def _zero_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr):
-    "An fp32 accumulator tile: [BLOCK_N, BLOCK_M] (weights x tokens) when SWAP."
+def _zero_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+              SWAP: tl.constexpr):
+    """An fp32 accumulator tile: [BLOCK_N, BLOCK_M] (weights x tokens)
+    when SWAP."""
     if SWAP:
         return tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
@@ -145,8 +156,9 @@ def _zero_acc(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SWAP: tl.constexpr):
 
 @triton.jit
 def _mma(a, w, SWAP: tl.constexpr, EXACT_DOT: tl.constexpr):
-    """a [BM, 128], w [BN, 128] e4m3 -> one step's dot in fp32: [BN, BM] = w a^T (SWAP:
-    the weight rows on the tensor cores' 64-row side) or [BM, BN] = a w^T."""
+    """a [BM, 128], w [BN, 128] e4m3 -> one step's dot in fp32:
+    [BN, BM] = w a^T (SWAP: the weight rows on the tensor cores' 64-row side)
+    or [BM, BN] = a w^T."""
     if SWAP:
         return _dot_step(w, tl.trans(a), EXACT_DOT)
     else:
@@ -155,7 +167,8 @@ def _mma(a, w, SWAP: tl.constexpr, EXACT_DOT: tl.constexpr):
 # %% ../../book/08_gemm.ipynb #8e2063e4
 @triton.jit
 def _scaled(d, a_s, w_s, SWAP: tl.constexpr):
-    "DeepSeek's per-128 promotion, in the reference's order: (dot * a_scale) * w_scale."
+    """DeepSeek's per-128 promotion, in the reference's order:
+    (dot * a_scale) * w_scale."""
     if SWAP:
         return d * a_s[None, :] * w_s
     else:
@@ -164,7 +177,8 @@ def _scaled(d, a_s, w_s, SWAP: tl.constexpr):
 
 @triton.jit
 def _acc_offsets(rm, rn, m_ok, n_ok, N, SWAP: tl.constexpr):
-    "Offsets and mask of the accumulator's elements in a row-major [M, N] tensor."
+    """Offsets and mask of the accumulator's elements in a row-major
+    [M, N] tensor."""
     if SWAP:
         return rm[None, :] * N + rn[:, None], m_ok[None, :] & n_ok[:, None]
     else:
@@ -177,42 +191,43 @@ def _fp8_gemm_kernel(
         stride_a, splits, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
         BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, SWAP: tl.constexpr,
         TMA_A: tl.constexpr, TMA_W: tl.constexpr, SPLIT: tl.constexpr,
-        FOLD: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROUND_BF16: tl.constexpr,
-        EXACT_DOT: tl.constexpr, NATIVE: tl.constexpr):
-    """C[M, N] = A @ W^T with DeepSeek's block scales: one BLOCK_M x BLOCK_N tile of C
-    per program, its K steps cut into `splits` balanced slices (grid: tiles, splits).
-    a: [M, K] e4m3 (row stride stride_a), a_s: [M, ceil(K/128)] fp32; w: [N, K] e4m3,
-    w_s: [ceil(N/128), ceil(K/128)] fp32 (a, w: TMA descriptors when TMA_A, TMA_W).
-    SWAP: the accumulator is [BLOCK_N, BLOCK_M]. Epilogue: c = the sum in c's dtype (+
-    the residual r, rounded). SPLIT: fp32 partials to ws [splits, M, N]; with FOLD the
-    tile's last slice (counters cnt) sums them and runs the epilogue."""
+        FOLD: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+        ROUND_BF16: tl.constexpr, EXACT_DOT: tl.constexpr,
+        NATIVE: tl.constexpr):
+    """C[M, N] = A @ W^T with block scales (operands as `fp8_gemm` takes them):
+    a BLOCK_M x BLOCK_N tile of C per program, its K steps in `splits` balanced
+    slices (grid: tiles, splits); a, w: TMA descriptors if TMA_A, TMA_W. SWAP:
+    acc is [BLOCK_N, BLOCK_M]. c = acc in c's dtype (+ r, rounded). SPLIT: fp32
+    partials to ws [splits, M, N]; FOLD: the last slice (cnt) sums them."""
     _, off_m, off_n, rm, rn, m_ok, n_ok, k_steps, lo, hi = _program_tile(
         M, N, K, splits, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     acc = _zero_acc(BLOCK_M, BLOCK_N, SWAP)
     for step in range(lo, hi):
-        a, a_s = _load_act(a_ptr, a_s_ptr, stride_a, K, k_steps, rm, m_ok, off_m, step,
-                           BLOCK_K, TMA_A)
-        w, w_s = _load_weight(w_ptr, w_s_ptr, K, k_steps, rn, n_ok, off_n, step,
-                              BLOCK_K, TMA_W)
+        a, a_s = _load_act(a_ptr, a_s_ptr, stride_a, K, k_steps, rm, m_ok,
+                           off_m, step, BLOCK_K, TMA_A)
+        w, w_s = _load_weight(w_ptr, w_s_ptr, K, k_steps, rn, n_ok, off_n,
+                              step, BLOCK_K, TMA_W)
         acc += _scaled(_mma(a, w, SWAP, EXACT_DOT), a_s, w_s, SWAP)
     offs, mask = _acc_offsets(rm, rn, m_ok, n_ok, N, SWAP)
     if SPLIT:
         tl.store(ws_ptr + tl.program_id(1) * M * N + offs, acc, mask=mask)
         if FOLD:
-            if _last_of_tile(cnt_ptr, splits):          # all slices stored: sum them
+            if _last_of_tile(cnt_ptr, splits):  # all slices stored: sum them
                 total = _sum_slices(ws_ptr, offs, mask, splits, M * N)
-                _epilogue(total, r_ptr, c_ptr, offs, mask, HAS_RESIDUAL, ROUND_BF16,
-                          NATIVE)
+                _epilogue(total, r_ptr, c_ptr, offs, mask, HAS_RESIDUAL,
+                          ROUND_BF16, NATIVE)
     else:
-        _epilogue(acc, r_ptr, c_ptr, offs, mask, HAS_RESIDUAL, ROUND_BF16, NATIVE)
+        _epilogue(acc, r_ptr, c_ptr, offs, mask, HAS_RESIDUAL,
+                  ROUND_BF16, NATIVE)
 
 # %% ../../book/08_gemm.ipynb #0798ab81
 @triton.jit
-def _split_k_reduce_kernel(ws_ptr, r_ptr, c_ptr, numel, splits, BLOCK: tl.constexpr,
-                           HAS_RESIDUAL: tl.constexpr, ROUND_BF16: tl.constexpr,
-                           NATIVE: tl.constexpr):
-    """Sum the split-K partials ws [splits, numel] fp32 in slice order (deterministic),
-    then the GEMM's epilogue: c = round(sum) (+ r, rounded)."""
+def _split_k_reduce_kernel(ws_ptr, r_ptr, c_ptr, numel, splits,
+                           BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                           ROUND_BF16: tl.constexpr, NATIVE: tl.constexpr):
+    """Sum the split-K partials ws [splits, numel] fp32 in slice order
+    (deterministic), then the GEMM's epilogue: c = round(sum)
+    (+ r, rounded)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
@@ -223,16 +238,17 @@ def _split_k_reduce_kernel(ws_ptr, r_ptr, c_ptr, numel, splits, BLOCK: tl.conste
 # %% ../../book/08_gemm.ipynb #49c861b5
 @triton.jit
 def _last_of_tile(cnt_ptr, splits):
-    """Called by every slice of a tile once its partial is stored: counts the arrival in
-    the tile's int32 counter and says whether this program came last; the last one
-    sets the counter back to 0, ready for the next launch.
+    """Called by every slice of a tile once its partial is stored: counts the
+    arrival in the tile's int32 counter and says whether this program came
+    last; the last one sets the counter back to 0, ready for the next launch.
 
-    Memory order on a GPU: `debug_barrier` (bar.sync) waits until every thread of the
-    program has stored its part of the partial; then one thread's atomic, acq_rel at
-    gpu scope, releases those stores to the other programs and acquires theirs. Triton
-    hands the atomic's result to all threads through shared memory behind another
-    barrier, so the last program's loads of the partials come after the acquire; they
-    load with .cg (L2, not the SM's L1, which is not coherent across SMs)."""
+    Memory order on a GPU: `debug_barrier` (bar.sync) waits until every thread
+    of the program has stored its part of the partial; then one thread's
+    atomic, acq_rel at gpu scope, releases those stores to the other programs
+    and acquires theirs. Triton hands the atomic's result to all threads
+    through shared memory behind another barrier, so the last program's loads
+    of the partials come after the acquire; they load with .cg (L2, not the
+    SM's L1, which is not coherent across SMs)."""
     tl.debug_barrier()
     tile = tl.program_id(0)
     arrived = tl.atomic_add(cnt_ptr + tile, 1, sem="acq_rel", scope="gpu")
@@ -243,8 +259,9 @@ def _last_of_tile(cnt_ptr, splits):
 
 @triton.jit
 def _sum_slices(ws_ptr, offs, mask, splits, stride):
-    """One tile's partials ws[s * stride + offs] summed in slice order 0, 1, ..., as
-    the reduction kernels sum them, so the same bits whichever slice comes last."""
+    """One tile's partials ws[s * stride + offs] summed in slice order
+    0, 1, ..., as the reduction kernels sum them, so the same bits whichever
+    slice comes last."""
     acc = tl.load(ws_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg")
     for s in range(1, splits):
         acc += tl.load(ws_ptr + s * stride + offs, mask=mask, other=0.0,
@@ -253,21 +270,23 @@ def _sum_slices(ws_ptr, offs, mask, splits, stride):
 
 # %% ../../book/08_gemm.ipynb #28508fb1
 def _check_fp8_operands(a_name, a, s_name, a_s, w_name, w, ws_name, w_s):
-    "[M, K] e4m3 activations with [M, ceil(K/128)] scales; an [N, K] e4m3 weight."
+    """[M, K] e4m3 activations with [M, ceil(K/128)] scales; an [N, K]
+    e4m3 weight."""
     _check_rank(a_name, a, 2, "[M, K]")
     _check_tensor(a_name, a, FP8_DTYPE, row_stride_ok=True)
     _check_e4m3_gpu(a_name, a)
     m, k = a.shape
     if k == 0:
-        raise ValueError(f"{a_name}: expected a non-empty K dimension, got shape "
-                         f"{list(a.shape)}")
+        raise ValueError(f"{a_name}: expected a non-empty K dimension, got "
+                         f"shape {list(a.shape)}")
     _check_rank(w_name, w, 2, "[N, K]")
     _check_tensor(w_name, w, FP8_DTYPE, device=a.device)
     n = w.shape[0]
     if w.shape[1] != k:
-        raise ValueError(f"{w_name}: expected [N, {k}] (K of {a_name}), got shape "
-                         f"{list(w.shape)}")
-    _check_tensor(s_name, a_s, torch.float32, (m, math.ceil(k / QUANT_BLOCK)), a.device)
+        raise ValueError(f"{w_name}: expected [N, {k}] (K of {a_name}), got "
+                         f"shape {list(w.shape)}")
+    _check_tensor(s_name, a_s, torch.float32, (m, math.ceil(k / QUANT_BLOCK)),
+                  a.device)
     _check_tensor(ws_name, w_s, torch.float32, _scale_shape(n, k), a.device)
     _check_offsets(a_name, f"[{m}, {k}] against [{n}, {k}]",
                    m * max(a.stride(0), k), m * n, n * k)
@@ -275,12 +294,13 @@ def _check_fp8_operands(a_name, a, s_name, a_s, w_name, w, ws_name, w_s):
 
 
 def _check_gemm_args(a_fp8, a_scale, w_fp8, w_scale, out_dtype, out, split_k):
-    "fp8_gemm's arguments, the operands and the options. Returns (M, N, K, out)."
+    """fp8_gemm's arguments, the operands and the options. Returns
+    (M, N, K, out)."""
     m, n, k = _check_fp8_operands("a_fp8", a_fp8, "a_scale", a_scale,
                                   "w_fp8", w_fp8, "w_scale", w_scale)
     if out_dtype not in (torch.bfloat16, torch.float32):
-        raise ValueError(f"out_dtype: expected torch.bfloat16 or torch.float32, "
-                         f"got {out_dtype!r}")
+        raise ValueError("out_dtype: expected torch.bfloat16 or "
+                         f"torch.float32, got {out_dtype!r}")
     _check_split_k(split_k)
     out = _check_out("out", out, out_dtype, (m, n), a_fp8.device)
     _check_no_overlap([("out", out)], [("a_fp8", a_fp8), ("a_scale", a_scale),
@@ -288,71 +308,82 @@ def _check_gemm_args(a_fp8, a_scale, w_fp8, w_scale, out_dtype, out, split_k):
     return m, n, k, out
 
 
-def _check_down_args(p_fp8, p_scale, down_w, down_scale, residual, out, split_k):
-    """fp8_down_residual's arguments; `out` may be `residual` itself, or a buffer that
-    overlaps no input. Returns (M, d, F, out)."""
+def _check_down_args(p_fp8, p_scale, down_w, down_scale, residual, out,
+                     split_k):
+    """fp8_down_residual's arguments; `out` may be `residual` itself, or a
+    buffer that overlaps no input. Returns (M, d, F, out)."""
     m, d, f = _check_fp8_operands("p_fp8", p_fp8, "p_scale", p_scale,
                                   "down_w", down_w, "down_scale", down_scale)
     _check_rank("residual", residual, 2, "[M, d]")
-    _check_tensor("residual", residual, (torch.bfloat16, torch.float32), (m, d),
-                  p_fp8.device)
+    _check_tensor("residual", residual, (torch.bfloat16, torch.float32),
+                  (m, d), p_fp8.device)
     _check_split_k(split_k)
     out = _check_out("out", out, residual.dtype, (m, d), p_fp8.device)
-    _check_no_overlap([("out", out)], [("residual", residual), ("p_fp8", p_fp8),
-                                       ("p_scale", p_scale), ("down_w", down_w),
-                                       ("down_scale", down_scale)],
+    _check_no_overlap([("out", out)],
+                      [("residual", residual), ("p_fp8", p_fp8),
+                       ("p_scale", p_scale), ("down_w", down_w),
+                       ("down_scale", down_scale)],
                       alias_ok={("out", "residual")})
     return m, d, f, out
 
 # %% ../../book/08_gemm.ipynb #939266d1
 def _tma_ok(*tensors) -> bool:
-    "Whether TMA can read these 2-d tensors: unit stride along K, 16-byte aligned rows."
+    """Whether TMA can read these 2-d tensors: unit stride along K, 16-byte
+    aligned rows."""
     return all(t.dim() == 2 and t.stride(1) == 1 and t.data_ptr() % 16 == 0
                and t.stride(0) * t.element_size() % 16 == 0 for t in tensors)
 
 
 def _weight_operands(*weights):
-    """Weights [N, K] e4m3 as the GEMM kernels read them: TMA descriptors of their
-    128 x 128 tiles when the GPU has TMA (`gpus.Family.tma`) and every one allows
-    it, else the tensors (masked loads)."""
-    if not gpus.family(device_arch(weights[0].device)).tma or not _tma_ok(*weights):
+    """Weights [N, K] e4m3 as the GEMM kernels read them: TMA descriptors of
+    their 128 x 128 tiles when the GPU has TMA (`gpus.Family.tma`) and every
+    one allows it, else the tensors (masked loads)."""
+    if (not gpus.family(device_arch(weights[0].device)).tma
+            or not _tma_ok(*weights)):
         return weights
-    return tuple(TensorDescriptor.from_tensor(w, [128, QUANT_BLOCK]) for w in weights)
+    return tuple(TensorDescriptor.from_tensor(w, [128, QUANT_BLOCK])
+                 for w in weights)
 
 
 def _act_operand(a, plan):
-    "The activation as `plan` reads it: a [BLOCK_M, 128] descriptor (TMA_A), or itself."
+    """The activation as `plan` reads it: a [BLOCK_M, 128] descriptor (TMA_A),
+    or itself."""
     if plan["TMA_A"] and gpus.family(plan["arch"]).tma and _tma_ok(a):
-        return TensorDescriptor.from_tensor(a, [plan["BLOCK_M"], QUANT_BLOCK]), True
+        return TensorDescriptor.from_tensor(
+            a, [plan["BLOCK_M"], QUANT_BLOCK]), True
     return a, False
 
 # %% ../../book/08_gemm.ipynb #1e77b0a6
 def _launch_gemm(a, a_s, w, w_s, out, residual, plan, ws=None, counters=None,
                  force_reduce=False):
-    """Launch the GEMM `plan` describes on validated tensors into `out`: w is the
-    weight or its descriptor (`_weight_operands`), residual may be None. Split-K, one
-    launch: ws an optional [split_k, M, N] fp32 workspace and counters an optional
-    [tiles] int32 one, all zero (None: allocated here, by `torch.zeros`, a fill launch
-    on a GPU), which the launch leaves zero. `force_reduce`: the reference, two
-    launches, the split kernel then `_split_k_reduce_kernel` (with any split_k)."""
+    """Launch the GEMM `plan` describes on validated tensors into `out`: w is
+    the weight or its descriptor (`_weight_operands`), residual may be None.
+    Split-K, one launch: ws an optional [split_k, M, N] fp32 workspace and
+    counters an optional [tiles] int32 one, all zero (None: allocated here, by
+    `torch.zeros`, a fill launch on a GPU), which the launch leaves zero.
+    `force_reduce`: the reference, two launches, the split kernel then
+    `_split_k_reduce_kernel` (with any split_k)."""
     m, k = a.shape
     n, split = out.shape[1], plan["split_k"]
     a_op, tma_a = _act_operand(a, plan)
-    r = residual if residual is not None else out      # placeholders when unused
+    r = residual if residual is not None else out  # placeholders when unused
     has_r, bf16 = residual is not None, out.dtype == torch.bfloat16
     tma_w, grid = isinstance(w, TensorDescriptor), (plan["tiles"], split)
     native, fold = _native(out.device), split > 1 and not force_reduce
     if (fold or force_reduce) and ws is None:
         ws = torch.empty(split, m, n, dtype=torch.float32, device=out.device)
     if fold and counters is None:
-        counters = torch.zeros(plan["tiles"], dtype=torch.int32, device=out.device)
-    launch(_fp8_gemm_kernel, grid, a_op, a_s, w, w_s, out, r, a_s if ws is None else ws,
-           counters if fold else out, m, n, k, a.stride(0), split,
-           SPLIT=fold or force_reduce, FOLD=fold, HAS_RESIDUAL=has_r, ROUND_BF16=bf16,
-           NATIVE=native, TMA_A=tma_a, TMA_W=tma_w, **plan["meta"])
+        counters = torch.zeros(plan["tiles"], dtype=torch.int32,
+                               device=out.device)
+    launch(_fp8_gemm_kernel, grid, a_op, a_s, w, w_s, out, r,
+           a_s if ws is None else ws, counters if fold else out, m, n, k,
+           a.stride(0), split, SPLIT=fold or force_reduce, FOLD=fold,
+           HAS_RESIDUAL=has_r, ROUND_BF16=bf16, NATIVE=native, TMA_A=tma_a,
+           TMA_W=tma_w, **plan["meta"])
     if force_reduce:
-        launch(_split_k_reduce_kernel, (-(-m * n // 1024),), ws, r, out, m * n, split,
-               BLOCK=1024, HAS_RESIDUAL=has_r, ROUND_BF16=bf16, NATIVE=native)
+        launch(_split_k_reduce_kernel, (-(-m * n // 1024),), ws, r, out, m * n,
+               split, BLOCK=1024, HAS_RESIDUAL=has_r, ROUND_BF16=bf16,
+               NATIVE=native)
     return out
 
 # %% ../../book/08_gemm.ipynb #a9f8424d
@@ -363,15 +394,16 @@ def fp8_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, w_fp8: torch.Tensor,
     """Block-scaled FP8 GEMM, `a @ w.T`, with DeepSeek's semantics.
 
     a_fp8: [M, K] e4m3 with a_scale [M, ceil(K/128)] fp32 (1 x 128 groups,
-    `quantize_activation`); w_fp8: [N, K] e4m3 with w_scale [ceil(N/128), ceil(K/128)]
-    fp32 (the checkpoint's `weight_scale_inv`). Per 128-wide K step `acc += dot(a, w) *
-    a_scale[:, None] * w_scale[None, :]` in fp32; returns [M, N] `out_dtype` (bf16 or
-    fp32). `split_k`: K slices (None: `plan_gemm`'s); `num_sms`: the SM count to plan
-    for (None: the device's). `fp8_gemm(*quantize_activation(x), w, s)` matches
+    `quantize_activation`); w_fp8: [N, K] e4m3 with w_scale [ceil(N/128),
+    ceil(K/128)] fp32 (the checkpoint's `weight_scale_inv`). Per 128-wide K
+    step `acc += dot(a, w) * a_scale[:, None] * w_scale[None, :]` in fp32;
+    returns [M, N] `out_dtype` (bf16 or fp32). `split_k`: K slices (None:
+    `plan_gemm`'s); `num_sms`: the SM count to plan for (None: the device's).
+    `fp8_gemm(*quantize_activation(x), w, s)` matches
     `fp8_linear_w8a8(x, w, s)`.
     """
-    m, n, k, out = _check_gemm_args(a_fp8, a_scale, w_fp8, w_scale, out_dtype, out,
-                                   split_k)
+    m, n, k, out = _check_gemm_args(a_fp8, a_scale, w_fp8, w_scale, out_dtype,
+                                    out, split_k)
     if out is None:
         out = torch.empty(m, n, dtype=out_dtype, device=a_fp8.device)
     if m == 0 or n == 0:

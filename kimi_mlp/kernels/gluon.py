@@ -17,26 +17,27 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from .. import kernels
 from ..fp8 import ACT_AMAX_EPS, FP8_MAX
 from ..fused import FusedFp8DenseMLP, _ffn_launches
-# chapter 8's grouped tile order: scalar arithmetic, which Gluon compiles as it is
+# chapter 8's grouped tile order: scalar arithmetic, which Gluon compiles as is
 from .gemm import _tile_ids
 
-#: One K step is one activation group and one weight block column; one weight tile is
-#: one block row, so a program has one weight scale per K step.
+#: One K step is one activation group and one weight block column; one weight
+#: tile is one block row, so a program has one weight scale per K step.
 BLOCK_K = BLOCK_N = kernels.QUANT_BLOCK
 #: Triton 3.6 names the TMA load `async_copy_global_to_shared`; 3.9 calls it
 #: `async_load` (and refuses the old name).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 # %% auto #0
-__all__ = ['BLOCK_K', 'BLOCK_N', 'GLUON_MIN_M', 'check_gluon_device', 'gluon_fp8_gemm', 'gluon_gate_up_swiglu_quant',
-           'gluon_launches', 'GluonFp8DenseMLP']
+__all__ = ['BLOCK_K', 'BLOCK_N', 'GLUON_MIN_M', 'check_gluon_device',
+           'gluon_fp8_gemm', 'gluon_gate_up_swiglu_quant', 'gluon_launches',
+           'GluonFp8DenseMLP']
 
 # %% ../../book/appendix_f_gluon.ipynb #5ee458d2
 @gluon.constexpr_function
 def _mma_layout(block_m, block_n, num_warps):
-    """Where each accumulator element lives: `wgmma`'s layout (version 3), warp groups
-    stacked along M first (each takes 64 rows), the rest side by side along N, and the
-    widest instruction N that fits (k = 32 for fp8)."""
+    """Where each accumulator element lives: `wgmma`'s layout (version 3), warp
+    groups stacked along M first (each takes 64 rows), the rest side by side
+    along N, and the widest instruction N that fits (k = 32 for fp8)."""
     wm = min(num_warps, max(4, block_m // 16))
     wn = num_warps // wm
     return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[wm, wn],
@@ -47,9 +48,9 @@ def _mma_layout(block_m, block_n, num_warps):
 @gluon.jit
 def _load_step(a_desc, w_desc, a_bufs, w_bufs, bars, step, off_m, off_n, pred,
                NUM_STAGES: gl.constexpr):
-    """Ask the copy engine (TMA) for K step `step`: a [BM, 128] and w [BN, 128] into
-    ring slot step % NUM_STAGES; the slot's barrier completes when both bytes counts
-    have landed. Nothing when not `pred` (past the last step)."""
+    """Ask the copy engine (TMA) for K step `step`: a [BM, 128] and w [BN, 128]
+    into ring slot step % NUM_STAGES; the slot's barrier completes when both
+    bytes counts have landed. Nothing when not `pred` (past the last step)."""
     s = step % NUM_STAGES
     bar = bars.index(s)
     mbarrier.expect(bar, a_desc.block_type.nbytes + w_desc.block_type.nbytes,
@@ -81,22 +82,23 @@ def _barriers(NUM_STAGES: gl.constexpr):
 
 @gluon.jit
 def _ring(a_desc, w_desc, off_m, off_n, k_steps, NUM_STAGES: gl.constexpr):
-    """The shared-memory ring: NUM_STAGES slots for a and w and one barrier each,
-    every slot's copy already asked for."""
+    """The shared-memory ring: NUM_STAGES slots for a and w and one barrier
+    each, every slot's copy already asked for."""
     a_bufs, w_bufs = _slots(a_desc, NUM_STAGES), _slots(w_desc, NUM_STAGES)
     bars = _barriers(NUM_STAGES)
     for s in gl.static_range(NUM_STAGES):
-        _load_step(a_desc, w_desc, a_bufs, w_bufs, bars, s, off_m, off_n, s < k_steps,
-                   NUM_STAGES)
+        _load_step(a_desc, w_desc, a_bufs, w_bufs, bars, s, off_m, off_n,
+                   s < k_steps, NUM_STAGES)
     return a_bufs, w_bufs, bars
 
 # %% ../../book/appendix_f_gluon.ipynb #c96aa51a
 @gluon.jit
 def _pin(x):
-    """x itself, through one register move per element that the compiler may not
-    reorder (inline assembly with a side effect). It keeps a promotion ahead of the
-    next `wgmma`: moved below it, the finished result would stay live beside the one
-    in flight, and `ptxas` would serialize the two (its warning C7514)."""
+    """x itself, through one register move per element that the compiler may
+    not reorder (inline assembly with a side effect). It keeps a promotion
+    ahead of the next `wgmma`: moved below it, the finished result would stay
+    live beside the one in flight, and `ptxas` would serialize the two (its
+    warning C7514)."""
     return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [x],
                                      dtype=gl.float32, is_pure=False, pack=1)
 
@@ -104,9 +106,10 @@ def _pin(x):
 @gluon.jit
 def _issue(a_bufs, w_bufs, bars, step, regs, a_s_row, w_s_row, m_ok,
            NUM_STAGES: gl.constexpr):
-    """Wait for K step `step`'s slot, issue its `wgmma` without waiting for it (a
-    fresh sum, `use_acc=False`: `regs` only names the registers it will fill) and load
-    the step's scales. Returns (the wgmma's token, a_s [BM], w_s)."""
+    """Wait for K step `step`'s slot, issue its `wgmma` without waiting for it
+    (a fresh sum, `use_acc=False`: `regs` only names the registers it will
+    fill) and load the step's scales.
+    Returns (the wgmma's token, a_s [BM], w_s)."""
     s = step % NUM_STAGES
     mbarrier.wait(bars.index(s), (step // NUM_STAGES) & 1)
     tok = warpgroup_mma(a_bufs.index(s), w_bufs.index(s).permute((1, 0)), regs,
@@ -116,38 +119,42 @@ def _issue(a_bufs, w_bufs, bars, step, regs, a_s_row, w_s_row, m_ok,
 
 
 @gluon.jit
-def _retire(tok, a_s, w_s, acc, step, a_desc, w_desc, a_bufs, w_bufs, bars, off_m,
-            off_n, k_steps, NUM_STAGES: gl.constexpr, PENDING: gl.constexpr):
-    """Wait until at most PENDING `wgmma` groups are in flight, so that step `step`'s
-    (`tok`) is done; ask for step + NUM_STAGES in its slot; promote it, chapter 8's
-    `acc += d * a_s * w_s`. Returns (acc, d): d's registers are free for the next
-    wgmma of the same parity."""
+def _retire(tok, a_s, w_s, acc, step, a_desc, w_desc, a_bufs, w_bufs, bars,
+            off_m, off_n, k_steps, NUM_STAGES: gl.constexpr,
+            PENDING: gl.constexpr):
+    """Wait until at most PENDING `wgmma` groups are in flight, so that step
+    `step`'s (`tok`) is done; ask for step + NUM_STAGES in its slot; promote
+    it, chapter 8's `acc += d * a_s * w_s`. Returns (acc, d): d's registers are
+    free for the next wgmma of the same parity."""
     d = warpgroup_mma_wait(num_outstanding=PENDING, deps=[tok])
     nxt = step + NUM_STAGES
-    _load_step(a_desc, w_desc, a_bufs, w_bufs, bars, nxt, off_m, off_n, nxt < k_steps,
-               NUM_STAGES)
+    _load_step(a_desc, w_desc, a_bufs, w_bufs, bars, nxt, off_m, off_n,
+               nxt < k_steps, NUM_STAGES)
     return _pin(acc + d * a_s[:, None] * w_s), d
 
 # %% ../../book/appendix_f_gluon.ipynb #529e640b
 @gluon.jit
-def _k_loop(a_desc, w_desc, a_bufs, w_bufs, bars, a_s_row, w_s_row, m_ok, off_m,
-            off_n, k_steps, layout: gl.constexpr, NUM_STAGES: gl.constexpr):
-    """The K loop with one `wgmma` in flight: step i is issued before step i - 1 is
-    waited for and promoted. Unrolled by two, even steps in the registers of slot A and
-    odd ones in slot B: each wgmma writes the registers of its slot's last promoted
-    result, so no copy ever reads registers that a wgmma in flight is writing."""
+def _k_loop(a_desc, w_desc, a_bufs, w_bufs, bars, a_s_row, w_s_row, m_ok,
+            off_m, off_n, k_steps, layout: gl.constexpr,
+            NUM_STAGES: gl.constexpr):
+    """The K loop with one `wgmma` in flight: step i is issued before
+    step i - 1 is waited for and promoted. Unrolled by two, even steps in the
+    registers of slot A and odd ones in slot B: each wgmma writes the registers
+    of its slot's last promoted result, so no copy ever reads registers that a
+    wgmma in flight is writing."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BN: gl.constexpr = w_desc.block_type.shape[0]
     acc = gl.zeros([BM, BN], gl.float32, layout)
     d_b = gl.zeros([BM, BN], gl.float32, layout)
-    tok_a, as_a, ws_a = _issue(a_bufs, w_bufs, bars, 0, acc, a_s_row, w_s_row, m_ok,
-                               NUM_STAGES)
+    tok_a, as_a, ws_a = _issue(a_bufs, w_bufs, bars, 0, acc, a_s_row, w_s_row,
+                               m_ok, NUM_STAGES)
     for j in range(0, (k_steps - 1) // 2):
         i = 2 * j + 1
-        tok_b, as_b, ws_b = _issue(a_bufs, w_bufs, bars, i, d_b, a_s_row, w_s_row,
-                                   m_ok, NUM_STAGES)
-        acc, d_a = _retire(tok_a, as_a, ws_a, acc, i - 1, a_desc, w_desc, a_bufs,
-                           w_bufs, bars, off_m, off_n, k_steps, NUM_STAGES, 1)
+        tok_b, as_b, ws_b = _issue(a_bufs, w_bufs, bars, i, d_b, a_s_row,
+                                   w_s_row, m_ok, NUM_STAGES)
+        acc, d_a = _retire(tok_a, as_a, ws_a, acc, i - 1, a_desc, w_desc,
+                           a_bufs, w_bufs, bars, off_m, off_n, k_steps,
+                           NUM_STAGES, 1)
         tok_a, as_a, ws_a = _issue(a_bufs, w_bufs, bars, i + 1, d_a, a_s_row,
                                    w_s_row, m_ok, NUM_STAGES)
         acc, d_b = _retire(tok_b, as_b, ws_b, acc, i, a_desc, w_desc, a_bufs,
@@ -156,13 +163,16 @@ def _k_loop(a_desc, w_desc, a_bufs, w_bufs, bars, a_s_row, w_s_row, m_ok, off_m,
         last = k_steps - 1
         tok_b, as_b, ws_b = _issue(a_bufs, w_bufs, bars, last, d_b, a_s_row,
                                    w_s_row, m_ok, NUM_STAGES)
-        acc, d_a = _retire(tok_a, as_a, ws_a, acc, last - 1, a_desc, w_desc, a_bufs,
-                           w_bufs, bars, off_m, off_n, k_steps, NUM_STAGES, 1)
-        acc, d_b = _retire(tok_b, as_b, ws_b, acc, last, a_desc, w_desc, a_bufs,
-                           w_bufs, bars, off_m, off_n, k_steps, NUM_STAGES, 0)
+        acc, d_a = _retire(tok_a, as_a, ws_a, acc, last - 1, a_desc, w_desc,
+                           a_bufs, w_bufs, bars, off_m, off_n, k_steps,
+                           NUM_STAGES, 1)
+        acc, d_b = _retire(tok_b, as_b, ws_b, acc, last, a_desc, w_desc,
+                           a_bufs, w_bufs, bars, off_m, off_n, k_steps,
+                           NUM_STAGES, 0)
     else:
         acc, d_a = _retire(tok_a, as_a, ws_a, acc, k_steps - 1, a_desc, w_desc,
-                           a_bufs, w_bufs, bars, off_m, off_n, k_steps, NUM_STAGES, 0)
+                           a_bufs, w_bufs, bars, off_m, off_n, k_steps,
+                           NUM_STAGES, 0)
     return acc
 
 # %% ../../book/appendix_f_gluon.ipynb #f4f9b40f
@@ -170,8 +180,8 @@ def _k_loop(a_desc, w_desc, a_bufs, w_bufs, bars, a_s_row, w_s_row, m_ok, off_m,
 def _gluon_tile(a_desc, w_desc, M, N, K, GROUP_M: gl.constexpr,
                 layout: gl.constexpr):
     """Chapter 8's `_program_tile` without split-K: the program's weight tile
-    pid_n, its first token and weight row, the K steps, and its token rows (in the
-    accumulator's row layout) with their mask."""
+    pid_n, its first token and weight row, the K steps, and its token rows (in
+    the accumulator's row layout) with their mask."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BN: gl.constexpr = w_desc.block_type.shape[0]
     pid_m, pid_n = _tile_ids(gl.program_id(0), M, N, BM, BN, GROUP_M)
@@ -182,37 +192,39 @@ def _gluon_tile(a_desc, w_desc, M, N, K, GROUP_M: gl.constexpr,
 
 
 @gluon.jit
-def _gluon_fp8_gemm_kernel(a_desc, a_s_ptr, w_desc, w_s_ptr, c_ptr, r_ptr, M, N, K,
-                           HAS_RESIDUAL: gl.constexpr, GROUP_M: gl.constexpr,
-                           NUM_STAGES: gl.constexpr):
-    """Chapter 8's `_fp8_gemm_kernel` without split-K: C[M, N] = bf16(A @ W^T) with
-    DeepSeek's scales, promoted every 128 (+ r, rounded again, with HAS_RESIDUAL). One
-    BLOCK_M x 128 tile per program; a_desc, w_desc: TMA descriptors of [BM, 128] and
-    [128, 128] blocks (rows past M read as zeros and are not stored)."""
+def _gluon_fp8_gemm_kernel(a_desc, a_s_ptr, w_desc, w_s_ptr, c_ptr, r_ptr,
+                           M, N, K, HAS_RESIDUAL: gl.constexpr,
+                           GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """Chapter 8's `_fp8_gemm_kernel` without split-K: C[M, N] = bf16(A @ W^T)
+    with DeepSeek's scales, promoted every 128 (+ r, rounded again, with
+    HAS_RESIDUAL). One BLOCK_M x 128 tile per program; a_desc, w_desc: TMA
+    descriptors of [BM, 128] and [128, 128] blocks (rows past M read as zeros
+    and are not stored)."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BN: gl.constexpr = w_desc.block_type.shape[0]
     layout: gl.constexpr = _mma_layout(BM, BN, gl.num_warps())
     pid_n, off_m, off_n, k_steps, rows, m_ok = _gluon_tile(
         a_desc, w_desc, M, N, K, GROUP_M, layout)
-    a_bufs, w_bufs, bars = _ring(a_desc, w_desc, off_m, off_n, k_steps, NUM_STAGES)
-    acc = _k_loop(a_desc, w_desc, a_bufs, w_bufs, bars, a_s_ptr + rows * k_steps,
-                  w_s_ptr + (off_n // BN) * k_steps, m_ok, off_m, off_n, k_steps,
-                  layout, NUM_STAGES)
+    a_bufs, w_bufs, bars = _ring(a_desc, w_desc, off_m, off_n, k_steps,
+                                 NUM_STAGES)
+    acc = _k_loop(a_desc, w_desc, a_bufs, w_bufs, bars,
+                  a_s_ptr + rows * k_steps, w_s_ptr + (off_n // BN) * k_steps,
+                  m_ok, off_m, off_n, k_steps, layout, NUM_STAGES)
     for s in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(bars.index(s))
     cols = off_n + gl.arange(0, BN, gl.SliceLayout(0, layout))
     offs = rows[:, None] * N + cols[None, :]
     mask = m_ok[:, None] & (cols < N)[None, :]
     out = acc.to(gl.bfloat16)
-    if HAS_RESIDUAL:                # the unfused order: round, add, round again
+    if HAS_RESIDUAL:  # the unfused order: round, add, round again
         r = gl.load(r_ptr + offs, mask=mask, other=0.0)
         out = (out.to(gl.float32) + r.to(gl.float32)).to(gl.bfloat16)
     gl.store(c_ptr + offs, out, mask=mask)
 
 # %% ../../book/appendix_f_gluon.ipynb #ea0d2ca0
 @gluon.jit
-def _load_step2(a_desc, g_desc, u_desc, a_bufs, g_bufs, u_bufs, bars, step, off_m,
-                off_n, pred, NUM_STAGES: gl.constexpr):
+def _load_step2(a_desc, g_desc, u_desc, a_bufs, g_bufs, u_bufs, bars, step,
+                off_m, off_n, pred, NUM_STAGES: gl.constexpr):
     "`_load_step` with two weights, gate and up, behind one barrier."
     s = step % NUM_STAGES
     bar = bars.index(s)
@@ -225,54 +237,57 @@ def _load_step2(a_desc, g_desc, u_desc, a_bufs, g_bufs, u_bufs, bars, step, off_
 
 
 @gluon.jit
-def _ring2(a_desc, g_desc, u_desc, off_m, off_n, k_steps, NUM_STAGES: gl.constexpr):
+def _ring2(a_desc, g_desc, u_desc, off_m, off_n, k_steps,
+           NUM_STAGES: gl.constexpr):
     "`_ring` with two weights."
     a_bufs = _slots(a_desc, NUM_STAGES)
     g_bufs, u_bufs = _slots(g_desc, NUM_STAGES), _slots(u_desc, NUM_STAGES)
     bars = _barriers(NUM_STAGES)
     for s in gl.static_range(NUM_STAGES):
-        _load_step2(a_desc, g_desc, u_desc, a_bufs, g_bufs, u_bufs, bars, s, off_m,
-                    off_n, s < k_steps, NUM_STAGES)
+        _load_step2(a_desc, g_desc, u_desc, a_bufs, g_bufs, u_bufs, bars, s,
+                    off_m, off_n, s < k_steps, NUM_STAGES)
     return a_bufs, g_bufs, u_bufs, bars
 
 
 @gluon.jit
-def _issue2(a_bufs, g_bufs, u_bufs, bars, step, regs_g, regs_u, a_s_row, g_s_row,
-            u_s_row, m_ok, NUM_STAGES: gl.constexpr):
-    "`_issue` for gate and up: two wgmma groups. Returns (tok_g, tok_u, a_s, g_s, u_s)."
+def _issue2(a_bufs, g_bufs, u_bufs, bars, step, regs_g, regs_u, a_s_row,
+            g_s_row, u_s_row, m_ok, NUM_STAGES: gl.constexpr):
+    """`_issue` for gate and up: two wgmma groups.
+    Returns (tok_g, tok_u, a_s, g_s, u_s)."""
     s = step % NUM_STAGES
     mbarrier.wait(bars.index(s), (step // NUM_STAGES) & 1)
     a = a_bufs.index(s)
-    tok_g = warpgroup_mma(a, g_bufs.index(s).permute((1, 0)), regs_g, use_acc=False,
-                          is_async=True)
-    tok_u = warpgroup_mma(a, u_bufs.index(s).permute((1, 0)), regs_u, use_acc=False,
-                          is_async=True)
+    tok_g = warpgroup_mma(a, g_bufs.index(s).permute((1, 0)), regs_g,
+                          use_acc=False, is_async=True)
+    tok_u = warpgroup_mma(a, u_bufs.index(s).permute((1, 0)), regs_u,
+                          use_acc=False, is_async=True)
     a_s = gl.load(a_s_row + step, mask=m_ok, other=0.0)
     return tok_g, tok_u, a_s, gl.load(g_s_row + step), gl.load(u_s_row + step)
 
 
 @gluon.jit
-def _retire2(tok_g, tok_u, a_s, g_s, u_s, acc_g, acc_u, step, a_desc, g_desc, u_desc,
-             a_bufs, g_bufs, u_bufs, bars, off_m, off_n, k_steps,
+def _retire2(tok_g, tok_u, a_s, g_s, u_s, acc_g, acc_u, step, a_desc, g_desc,
+             u_desc, a_bufs, g_bufs, u_bufs, bars, off_m, off_n, k_steps,
              NUM_STAGES: gl.constexpr, PENDING: gl.constexpr):
-    """`_retire` for gate and up: wait until at most PENDING groups are in flight, ask
-    for step + NUM_STAGES, promote both. Returns (acc_g, acc_u, d_g, d_u)."""
+    """`_retire` for gate and up: wait until at most PENDING groups are in
+    flight, ask for step + NUM_STAGES, promote both.
+    Returns (acc_g, acc_u, d_g, d_u)."""
     d_g, d_u = warpgroup_mma_wait(num_outstanding=PENDING, deps=[tok_g, tok_u])
     nxt = step + NUM_STAGES
-    _load_step2(a_desc, g_desc, u_desc, a_bufs, g_bufs, u_bufs, bars, nxt, off_m,
-                off_n, nxt < k_steps, NUM_STAGES)
+    _load_step2(a_desc, g_desc, u_desc, a_bufs, g_bufs, u_bufs, bars, nxt,
+                off_m, off_n, nxt < k_steps, NUM_STAGES)
     acc_g = _pin(acc_g + d_g * a_s[:, None] * g_s)
     acc_u = _pin(acc_u + d_u * a_s[:, None] * u_s)
     return acc_g, acc_u, d_g, d_u
 
 # %% ../../book/appendix_f_gluon.ipynb #fcd9155b
 @gluon.jit
-def _k_loop2(a_desc, g_desc, u_desc, a_bufs, g_bufs, u_bufs, bars, a_s_row, g_s_row,
-             u_s_row, m_ok, off_m, off_n, k_steps, layout: gl.constexpr,
-             NUM_STAGES: gl.constexpr):
-    """`_k_loop` for gate and up: each step issues both wgmma groups, and waiting
-    until two are in flight completes the previous step's pair. Returns (acc_g,
-    acc_u)."""
+def _k_loop2(a_desc, g_desc, u_desc, a_bufs, g_bufs, u_bufs, bars, a_s_row,
+             g_s_row, u_s_row, m_ok, off_m, off_n, k_steps,
+             layout: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """`_k_loop` for gate and up: each step issues both wgmma groups, and
+    waiting until two are in flight completes the previous step's pair.
+    Returns (acc_g, acc_u)."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BN: gl.constexpr = g_desc.block_type.shape[0]
     acc_g = gl.zeros([BM, BN], gl.float32, layout)
@@ -282,29 +297,30 @@ def _k_loop2(a_desc, g_desc, u_desc, a_bufs, g_bufs, u_bufs, bars, a_s_row, g_s_
     ring = (a_desc, g_desc, u_desc, a_bufs, g_bufs, u_bufs, bars, off_m, off_n,
             k_steps, NUM_STAGES)
     rows = (a_s_row, g_s_row, u_s_row, m_ok, NUM_STAGES)
-    tg_a, tu_a, as_a, gs_a, us_a = _issue2(a_bufs, g_bufs, u_bufs, bars, 0, acc_g,
-                                           acc_u, *rows)
+    tg_a, tu_a, as_a, gs_a, us_a = _issue2(a_bufs, g_bufs, u_bufs, bars, 0,
+                                           acc_g, acc_u, *rows)
     for j in range(0, (k_steps - 1) // 2):
         i = 2 * j + 1
-        tg_b, tu_b, as_b, gs_b, us_b = _issue2(a_bufs, g_bufs, u_bufs, bars, i, dg_b,
-                                               du_b, *rows)
-        acc_g, acc_u, dg_a, du_a = _retire2(tg_a, tu_a, as_a, gs_a, us_a, acc_g,
-                                            acc_u, i - 1, *ring, 2)
-        tg_a, tu_a, as_a, gs_a, us_a = _issue2(a_bufs, g_bufs, u_bufs, bars, i + 1,
-                                               dg_a, du_a, *rows)
-        acc_g, acc_u, dg_b, du_b = _retire2(tg_b, tu_b, as_b, gs_b, us_b, acc_g,
-                                            acc_u, i, *ring, 2)
+        tg_b, tu_b, as_b, gs_b, us_b = _issue2(a_bufs, g_bufs, u_bufs, bars, i,
+                                               dg_b, du_b, *rows)
+        acc_g, acc_u, dg_a, du_a = _retire2(tg_a, tu_a, as_a, gs_a, us_a,
+                                            acc_g, acc_u, i - 1, *ring, 2)
+        tg_a, tu_a, as_a, gs_a, us_a = _issue2(a_bufs, g_bufs, u_bufs, bars,
+                                               i + 1, dg_a, du_a, *rows)
+        acc_g, acc_u, dg_b, du_b = _retire2(tg_b, tu_b, as_b, gs_b, us_b,
+                                            acc_g, acc_u, i, *ring, 2)
     if k_steps % 2 == 0:
         last = k_steps - 1
-        tg_b, tu_b, as_b, gs_b, us_b = _issue2(a_bufs, g_bufs, u_bufs, bars, last,
-                                               dg_b, du_b, *rows)
-        acc_g, acc_u, dg_a, du_a = _retire2(tg_a, tu_a, as_a, gs_a, us_a, acc_g,
-                                            acc_u, last - 1, *ring, 2)
-        acc_g, acc_u, dg_b, du_b = _retire2(tg_b, tu_b, as_b, gs_b, us_b, acc_g,
-                                            acc_u, last, *ring, 0)
+        tg_b, tu_b, as_b, gs_b, us_b = _issue2(a_bufs, g_bufs, u_bufs, bars,
+                                               last, dg_b, du_b, *rows)
+        acc_g, acc_u, dg_a, du_a = _retire2(tg_a, tu_a, as_a, gs_a, us_a,
+                                            acc_g, acc_u, last - 1, *ring, 2)
+        acc_g, acc_u, dg_b, du_b = _retire2(tg_b, tu_b, as_b, gs_b, us_b,
+                                            acc_g, acc_u, last, *ring, 0)
     else:
-        acc_g, acc_u, dg_a, du_a = _retire2(tg_a, tu_a, as_a, gs_a, us_a, acc_g,
-                                            acc_u, k_steps - 1, *ring, 0)
+        acc_g, acc_u, dg_a, du_a = _retire2(tg_a, tu_a, as_a, gs_a, us_a,
+                                            acc_g, acc_u, k_steps - 1,
+                                            *ring, 0)
     return acc_g, acc_u
 
 
@@ -317,9 +333,9 @@ def _max_keep_nan(a, b):
 @gluon.jit
 def _swiglu_quant_store(g, u, q_ptr, q_s_ptr, rows, cols, m_ok, n_ok, F, group,
                         fp8_max, amax_eps):
-    """Chapter 9's `_swiglu_quant_store` on a GPU with e4m3 (its NATIVE branch): p =
-    silu(g) * u, one 1 x 128 group per row, IEEE divisions, NaN kept -> e4m3 codes q
-    [M, F] (uint8) and scales q_s [M, ceil(F/128)]."""
+    """Chapter 9's `_swiglu_quant_store` on a GPU with e4m3 (its NATIVE
+    branch): p = silu(g) * u, one 1 x 128 group per row, IEEE divisions, NaN
+    kept -> e4m3 codes q [M, F] (uint8) and scales q_s [M, ceil(F/128)]."""
     mask = m_ok[:, None] & n_ok[None, :]
     p = gl.where(mask, g / (1.0 + gl.exp(-g)) * u, 0.0)
     amax = gl.reduce(gl.abs(p), 1, _max_keep_nan)
@@ -335,11 +351,12 @@ def _swiglu_quant_store(g, u, q_ptr, q_s_ptr, rows, cols, m_ok, n_ok, F, group,
 
 
 @gluon.jit
-def _gluon_gate_up_kernel(a_desc, a_s_ptr, g_desc, g_s_ptr, u_desc, u_s_ptr, q_ptr,
-                          q_s_ptr, M, F, K, fp8_max, amax_eps, GROUP_M: gl.constexpr,
-                          NUM_STAGES: gl.constexpr):
-    """Chapter 9's gated kernel without split-K: p = silu(a @ gate^T) * (a @ up^T)
-    quantized 1 x 128 into q (e4m3 codes as uint8) and q_s; gate, up: [F, K]."""
+def _gluon_gate_up_kernel(a_desc, a_s_ptr, g_desc, g_s_ptr, u_desc, u_s_ptr,
+                          q_ptr, q_s_ptr, M, F, K, fp8_max, amax_eps,
+                          GROUP_M: gl.constexpr, NUM_STAGES: gl.constexpr):
+    """Chapter 9's gated kernel without split-K:
+    p = silu(a @ gate^T) * (a @ up^T) quantized 1 x 128 into q (e4m3 codes as
+    uint8) and q_s; gate, up: [F, K]."""
     BM: gl.constexpr = a_desc.block_type.shape[0]
     BN: gl.constexpr = g_desc.block_type.shape[0]
     layout: gl.constexpr = _mma_layout(BM, BN, gl.num_warps())
@@ -347,46 +364,51 @@ def _gluon_gate_up_kernel(a_desc, a_s_ptr, g_desc, g_s_ptr, u_desc, u_s_ptr, q_p
         a_desc, g_desc, M, F, K, GROUP_M, layout)
     a_bufs, g_bufs, u_bufs, bars = _ring2(a_desc, g_desc, u_desc, off_m, off_n,
                                           k_steps, NUM_STAGES)
-    acc_g, acc_u = _k_loop2(a_desc, g_desc, u_desc, a_bufs, g_bufs, u_bufs, bars,
-                            a_s_ptr + rows * k_steps, g_s_ptr + pid_n * k_steps,
-                            u_s_ptr + pid_n * k_steps, m_ok, off_m, off_n, k_steps,
-                            layout, NUM_STAGES)
+    acc_g, acc_u = _k_loop2(a_desc, g_desc, u_desc, a_bufs, g_bufs, u_bufs,
+                            bars, a_s_ptr + rows * k_steps,
+                            g_s_ptr + pid_n * k_steps,
+                            u_s_ptr + pid_n * k_steps, m_ok, off_m, off_n,
+                            k_steps, layout, NUM_STAGES)
     for s in gl.static_range(NUM_STAGES):
         mbarrier.invalidate(bars.index(s))
     cols = off_n + gl.arange(0, BN, gl.SliceLayout(0, layout))
-    _swiglu_quant_store(acc_g, acc_u, q_ptr, q_s_ptr, rows, cols, m_ok, cols < F, F,
-                        pid_n, fp8_max, amax_eps)
+    _swiglu_quant_store(acc_g, acc_u, q_ptr, q_s_ptr, rows, cols, m_ok,
+                        cols < F, F, pid_n, fp8_max, amax_eps)
 
 # %% ../../book/appendix_f_gluon.ipynb #1f0b9e22
 def _desc(t: torch.Tensor, block: list) -> TensorDescriptor:
-    """A TMA descriptor of a row-major 2-d e4m3 tensor in `block`-sized tiles, laid out
-    in shared memory as `wgmma` reads it (Gluon's default 128-byte swizzle)."""
+    """A TMA descriptor of a row-major 2-d e4m3 tensor in `block`-sized
+    tiles, laid out in shared memory as `wgmma` reads it (Gluon's default
+    128-byte swizzle)."""
     layout = gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv)
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
 
 
 def _check_gluon_operands(a_name, a, s_name, a_s, w_name, w, ws_name, w_s,
                           warmup: bool) -> tuple:
-    """Chapter 8's operand checks, then what TMA needs (K a multiple of 16, rows
-    16-byte aligned, contiguous) and, unless `warmup`, a Hopper GPU. Returns (M, N,
-    K)."""
-    m, n, k = kernels._check_fp8_operands(a_name, a, s_name, a_s, w_name, w, ws_name,
-                                          w_s)
+    """Chapter 8's operand checks, then what TMA needs (K a multiple of 16,
+    rows 16-byte aligned, contiguous) and, unless `warmup`, a Hopper GPU.
+    Returns (M, N, K)."""
+    m, n, k = kernels._check_fp8_operands(a_name, a, s_name, a_s, w_name, w,
+                                          ws_name, w_s)
     if k % 16 or not kernels._tma_ok(a, w):
-        raise ValueError(f"{a_name}, {w_name}: the Gluon kernels read them by TMA, "
-                         "which needs contiguous rows of a multiple of 16 bytes at "
-                         f"16-byte aligned addresses; got K = {k}, strides "
-                         f"{tuple(a.stride())} and {tuple(w.stride())}")
+        raise ValueError(f"{a_name}, {w_name}: the Gluon kernels read them by "
+                         "TMA, which needs contiguous rows of a multiple of "
+                         "16 bytes at 16-byte aligned addresses; got K = "
+                         f"{k}, strides {tuple(a.stride())} and "
+                         f"{tuple(w.stride())}")
     if not warmup:
         check_gluon_device(a.device)
     return m, n, k
 
 
 def _check_tiles(block_m, allowed: tuple, num_stages) -> None:
-    """A launcher's tile rows and ring: `allowed` rows, and at least two slots (the
-    loop asks for step k + 1 only after issuing step k, so one slot never fills)."""
+    """A launcher's tile rows and ring: `allowed` rows, and at least two
+    slots (the loop asks for step k + 1 only after issuing step k, so one slot
+    never fills)."""
     if block_m not in allowed:
-        raise ValueError(f"block_m: expected one of {allowed}, got {block_m!r}")
+        raise ValueError(f"block_m: expected one of {allowed}, "
+                         f"got {block_m!r}")
     if (isinstance(num_stages, bool) or not isinstance(num_stages, int)
             or num_stages < 2):
         raise ValueError(f"num_stages: expected an int of at least 2, got "
@@ -398,20 +420,22 @@ def check_gluon_device(device: torch.device) -> None:
     if (kernels.INTERPRETED or device.type != "cuda"
             or kernels.device_arch(device) != 90):
         raise RuntimeError(
-            f"the Gluon kernels need a Hopper GPU (compute capability 9.0: `wgmma` and "
-            f"TMA), and Triton's interpreter cannot run them; got "
+            "the Gluon kernels need a Hopper GPU (compute capability 9.0: "
+            f"`wgmma` and TMA), and Triton's interpreter cannot run them; got "
             f"{kernels.device_label(device)}")
 
 # %% ../../book/appendix_f_gluon.ipynb #88c6f7fe
-def gluon_fp8_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, w_fp8: torch.Tensor,
-                   w_scale: torch.Tensor, residual: torch.Tensor | None = None, *,
+def gluon_fp8_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor,
+                   w_fp8: torch.Tensor, w_scale: torch.Tensor,
+                   residual: torch.Tensor | None = None, *,
                    out: torch.Tensor | None = None, block_m: int = 128,
                    num_stages: int = 4, warmup: bool = False):
-    """`fp8_gemm`'s product into bf16 (plus `residual`, rounded twice as chapter 9's
-    down GEMM does) with one `wgmma` in flight; a, w, scales as `fp8_gemm`. block_m:
-    128 (two warp groups) or 64 (one). warmup: compile only; returns the kernel."""
-    m, n, k = _check_gluon_operands("a_fp8", a_fp8, "a_scale", a_scale, "w_fp8", w_fp8,
-                                    "w_scale", w_scale, warmup)
+    """`fp8_gemm`'s product into bf16 (plus `residual`, rounded twice as
+    chapter 9's down GEMM does) with one `wgmma` in flight; a, w, scales as
+    `fp8_gemm`. block_m: 128 (two warp groups) or 64 (one). warmup: compile
+    only; returns the kernel."""
+    m, n, k = _check_gluon_operands("a_fp8", a_fp8, "a_scale", a_scale,
+                                    "w_fp8", w_fp8, "w_scale", w_scale, warmup)
     _check_tiles(block_m, (64, 128), num_stages)
     if residual is not None:
         kernels._check_tensor("residual", residual, torch.bfloat16, (m, n),
@@ -422,44 +446,51 @@ def gluon_fp8_gemm(a_fp8: torch.Tensor, a_scale: torch.Tensor, w_fp8: torch.Tens
     if m == 0 and not warmup:
         return out
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, BLOCK_N),)
-    args = (_desc(a_fp8, [block_m, BLOCK_K]), a_scale, _desc(w_fp8, [BLOCK_N, BLOCK_K]),
-            w_scale, out, residual if residual is not None else out, m, n, k)
-    meta = dict(HAS_RESIDUAL=residual is not None, GROUP_M=8, NUM_STAGES=num_stages,
-                num_warps=block_m // 16)
+    args = (_desc(a_fp8, [block_m, BLOCK_K]), a_scale,
+            _desc(w_fp8, [BLOCK_N, BLOCK_K]), w_scale, out,
+            residual if residual is not None else out, m, n, k)
+    meta = dict(HAS_RESIDUAL=residual is not None, GROUP_M=8,
+                NUM_STAGES=num_stages, num_warps=block_m // 16)
     if warmup:
         return _gluon_fp8_gemm_kernel.warmup(*args, grid=grid, **meta)
     kernels.launch(_gluon_fp8_gemm_kernel, grid, *args, **meta)
     return out
 
-
 # %% ../../book/appendix_f_gluon.ipynb #a77857ff
-def gluon_gate_up_swiglu_quant(x_fp8, x_scale, gate_w, gate_scale, up_w, up_scale, *,
-                               out=None, scale_out=None, block_m: int = 64,
-                               num_stages: int = 4, warmup: bool = False):
-    """`fp8_gate_up_swiglu_quant` with both `wgmma` groups of a step in flight: p =
-    silu(x @ gate^T) * (x @ up^T), quantized 1 x 128. Returns (p e4m3 [M, F], its
-    scales [M, ceil(F/128)]); warmup: compile only, returns the kernel."""
-    m, f, k = _check_gluon_operands("x_fp8", x_fp8, "x_scale", x_scale, "gate_w",
-                                    gate_w, "gate_scale", gate_scale, warmup)
+def gluon_gate_up_swiglu_quant(x_fp8, x_scale, gate_w, gate_scale, up_w,
+                               up_scale, *, out=None, scale_out=None,
+                               block_m: int = 64, num_stages: int = 4,
+                               warmup: bool = False):
+    """`fp8_gate_up_swiglu_quant` with both `wgmma` groups of a step in flight:
+    p = silu(x @ gate^T) * (x @ up^T), quantized 1 x 128.
+    Returns (p e4m3 [M, F], its scales [M, ceil(F/128)]); warmup: compile
+    only, returns the kernel."""
+    m, f, k = _check_gluon_operands("x_fp8", x_fp8, "x_scale", x_scale,
+                                    "gate_w", gate_w, "gate_scale", gate_scale,
+                                    warmup)
     _check_tiles(block_m, (64,), num_stages)
     dev = x_fp8.device
     kernels._check_tensor("up_w", up_w, kernels.FP8_DTYPE, (f, k), dev)
-    kernels._check_tensor("up_scale", up_scale, torch.float32, gate_scale.shape, dev)
+    kernels._check_tensor("up_scale", up_scale, torch.float32,
+                          gate_scale.shape, dev)
     if not kernels._tma_ok(up_w):
         raise ValueError(f"up_w: TMA needs 16-byte aligned rows, got strides "
-                         f"{tuple(up_w.stride())} at address {up_w.data_ptr():#x}")
-    out = torch.empty(m, f, dtype=kernels.FP8_DTYPE, device=dev) if out is None else out
+                         f"{tuple(up_w.stride())} at address "
+                         f"{up_w.data_ptr():#x}")
+    out = (torch.empty(m, f, dtype=kernels.FP8_DTYPE, device=dev)
+           if out is None else out)
     scale_out = (torch.empty(m, -(-f // 128), device=dev) if scale_out is None
                  else scale_out)
     kernels._check_out("out", out, kernels.FP8_DTYPE, (m, f), dev)
-    kernels._check_out("scale_out", scale_out, torch.float32, (m, -(-f // 128)), dev)
+    kernels._check_out("scale_out", scale_out, torch.float32,
+                       (m, -(-f // 128)), dev)
     if m == 0 and not warmup:
         return out, scale_out
     grid = (triton.cdiv(m, block_m) * triton.cdiv(f, BLOCK_N),)
     w = [BLOCK_N, BLOCK_K]
-    args = (_desc(x_fp8, [block_m, BLOCK_K]), x_scale, _desc(gate_w, w), gate_scale,
-            _desc(up_w, w), up_scale, out.view(torch.uint8), scale_out, m, f, k,
-            FP8_MAX, ACT_AMAX_EPS)
+    args = (_desc(x_fp8, [block_m, BLOCK_K]), x_scale, _desc(gate_w, w),
+            gate_scale, _desc(up_w, w), up_scale, out.view(torch.uint8),
+            scale_out, m, f, k, FP8_MAX, ACT_AMAX_EPS)
     meta = dict(GROUP_M=8, NUM_STAGES=num_stages, num_warps=8)
     if warmup:
         return _gluon_gate_up_kernel.warmup(*args, grid=grid, **meta)
@@ -467,35 +498,37 @@ def gluon_gate_up_swiglu_quant(x_fp8, x_scale, gate_w, gate_scale, up_w, up_scal
     return out, scale_out
 
 # %% ../../book/appendix_f_gluon.ipynb #79886bed
-#: From this many tokens on, `GluonFp8DenseMLP` runs Gluon GEMMs (chapter 8's prefill
-#: rows, M > 256); below, chapter 8's split-K launches, which these kernels lack.
+#: From this many tokens on, `GluonFp8DenseMLP` runs Gluon GEMMs (chapter 8's
+#: prefill rows, M > 256); below, chapter 8's split-K launches, which these
+#: kernels lack.
 GLUON_MIN_M = 257
 
 
 def gluon_launches(rows, t, weights, plans, scratch, gate_up: bool = False):
-    """Chapter 10's launches with the down GEMM in Gluon at GLUON_MIN_M tokens or more
-    (and the gated kernel too, with `gate_up`): rmsnorm_quant, the gated kernel, the
-    down GEMM with the residual. Fewer tokens: chapter 10's `_ffn_launches`."""
+    """Chapter 10's launches with the down GEMM in Gluon at GLUON_MIN_M tokens
+    or more (and the gated kernel too, with `gate_up`): rmsnorm_quant, the
+    gated kernel, the down GEMM with the residual.
+    Fewer tokens: chapter 10's `_ffn_launches`."""
     if rows.shape[0] < GLUON_MIN_M:
         return _ffn_launches(rows, t, weights, plans, scratch)
     x, x_codes, x_scale, p, p_codes, p_scale = scratch[:6]
     kernels._launch_rmsnorm_quant(rows, t.norm_weight, t.eps, x_codes, x_scale)
     if gate_up:
-        gluon_gate_up_swiglu_quant(x, x_scale, t.gate, t.gate_scale, t.up, t.up_scale,
-                                   out=p, scale_out=p_scale)
+        gluon_gate_up_swiglu_quant(x, x_scale, t.gate, t.gate_scale, t.up,
+                                   t.up_scale, out=p, scale_out=p_scale)
     else:
-        kernels._launch_gate_up(x, x_scale, weights[0], t.gate_scale, weights[1],
-                                t.up_scale, p_codes, p_scale, None, plans[0],
-                                ws=scratch[6], counters=scratch[7])
+        kernels._launch_gate_up(x, x_scale, weights[0], t.gate_scale,
+                                weights[1], t.up_scale, p_codes, p_scale, None,
+                                plans[0], ws=scratch[6], counters=scratch[7])
     return gluon_fp8_gemm(p, p_scale, t.down, t.down_scale, rows)
 
 
 class GluonFp8DenseMLP(FusedFp8DenseMLP):
-    """`FusedFp8DenseMLP` with the down GEMM in Gluon from GLUON_MIN_M tokens on, and
-    the gated kernel too with `gate_up=True` (appendix D's model expects it to lose to
-    chapter 8's 128-row tiles; a GPU run decides). Opt-in, Hopper only: appendix C's GPU
-    check (`--path gluon`) compares it with the Triton launches before any default may
-    use it."""
+    """`FusedFp8DenseMLP` with the down GEMM in Gluon from GLUON_MIN_M tokens
+    on, and the gated kernel too with `gate_up=True` (appendix D's model
+    expects it to lose to chapter 8's 128-row tiles; a GPU run decides).
+    Opt-in, Hopper only: appendix C's GPU check (`--path gluon`) compares it
+    with the Triton launches before any default may use it."""
 
     path = "gluon"                # the GPU check's name for these launches
 
@@ -507,4 +540,5 @@ class GluonFp8DenseMLP(FusedFp8DenseMLP):
     def _bind(self):
         super()._bind()
         check_gluon_device(self._t.norm_weight.device)
-        self._launches = functools.partial(gluon_launches, gate_up=self.gate_up)
+        self._launches = functools.partial(gluon_launches,
+                                           gate_up=self.gate_up)

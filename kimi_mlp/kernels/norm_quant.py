@@ -14,9 +14,9 @@ import triton
 import triton.language as tl
 
 from ..fp8 import ACT_AMAX_EPS, FP8_DTYPE, FP8_MAX
-from kimi_mlp.kernels.runtime import (
-    _check_e4m3_gpu, _check_no_overlap, _check_offsets, _check_out, _check_rank,
-    _check_tensor, launch)
+from .runtime import (
+    _check_e4m3_gpu, _check_no_overlap, _check_offsets, _check_out,
+    _check_rank, _check_tensor, launch)
 from .numerics import _e4m3_bits, _native, _to_bf16
 
 # %% ../../book/07_triton.ipynb #2ebdaef4
@@ -27,11 +27,12 @@ def _max_keep_nan(a, b):
 
 @triton.jit
 def _quantize_groups(y, fp8_max, amax_eps, NATIVE: tl.constexpr):
-    """y: [R, GROUP] fp32, one activation group per row -> (codes [R, GROUP] uint8,
-    scale [R] fp32) with scale = max(amax, amax_eps) / fp8_max and codes =
-    e4m3(clamp(y / scale)), IEEE divisions. A NaN anywhere in a group makes its amax,
-    its scale and its codes NaN, and an inf makes the scale inf, as in torch: max,
-    maximum and the clamp keep NaN (by default they would drop it)."""
+    """y: [R, GROUP] fp32, one activation group per row -> (codes [R, GROUP]
+    uint8, scale [R] fp32) with scale = max(amax, amax_eps) / fp8_max and codes
+    = e4m3(clamp(y / scale)), IEEE divisions. A NaN anywhere in a group makes
+    its amax, its scale and its codes NaN, and an inf makes the scale inf, as
+    in torch: max, maximum and the clamp keep NaN (by default they would drop
+    it)."""
     amax = tl.reduce(tl.abs(y), 1, _max_keep_nan)
     scale = tl.math.div_rn(_max_keep_nan(amax, amax_eps), fp8_max)
     q = tl.math.div_rn(y, scale[:, None])
@@ -42,18 +43,22 @@ def _quantize_groups(y, fp8_max, amax_eps, NATIVE: tl.constexpr):
 # %% ../../book/07_triton.ipynb #7357f8fc
 @triton.jit
 def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_x, fp8_max, amax_eps,
-                      BLOCK_M: tl.constexpr, GROUP: tl.constexpr, NATIVE: tl.constexpr):
-    """Program (i, g) quantizes rows [i*BLOCK_M, (i+1)*BLOCK_M) of activation group g.
+                      BLOCK_M: tl.constexpr, GROUP: tl.constexpr,
+                      NATIVE: tl.constexpr):
+    """Program (i, g) quantizes rows [i*BLOCK_M, (i+1)*BLOCK_M) of activation
+    group g.
 
-    x: [M, K] bf16/fp16/fp32 (row stride stride_x); q: [M, K] uint8 (e4m3 bits);
-    s: [M, ceil(K/GROUP)] fp32."""
+    x: [M, K] bf16/fp16/fp32 (row stride stride_x); q: [M, K] uint8 (e4m3
+    bits); s: [M, ceil(K/GROUP)] fp32."""
     pid_m = tl.program_id(0)
     g = tl.program_id(1)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = g * GROUP + tl.arange(0, GROUP)
     mask = (rm[:, None] < M) & (rk[None, :] < K)
-    x = tl.load(x_ptr + rm[:, None] * stride_x + rk[None, :], mask=mask, other=0.0)
-    codes, scale = _quantize_groups(x.to(tl.float32), fp8_max, amax_eps, NATIVE)
+    x = tl.load(x_ptr + rm[:, None] * stride_x + rk[None, :], mask=mask,
+                other=0.0)
+    codes, scale = _quantize_groups(x.to(tl.float32), fp8_max, amax_eps,
+                                    NATIVE)
     tl.store(q_ptr + rm[:, None] * K + rk[None, :], codes, mask=mask)
     tl.store(s_ptr + rm * tl.cdiv(K, GROUP) + g, scale, mask=rm < M)
 
@@ -61,14 +66,14 @@ def _act_quant_kernel(x_ptr, q_ptr, s_ptr, M, K, stride_x, fp8_max, amax_eps,
 def _check_group_size(group_size):
     if (isinstance(group_size, bool) or not isinstance(group_size, int)
             or group_size < 16 or group_size & (group_size - 1)):
-        raise ValueError(f"group_size: expected a power of two >= 16 such as 128, "
-                         f"got {group_size!r}")
+        raise ValueError("group_size: expected a power of two >= 16 such as "
+                         f"128, got {group_size!r}")
 
 
 def _check_act_quant_args(x, group_size, out, scale_out):
-    """act_quant's arguments: [M, K] rows of bf16, fp16 or fp32 (K > 0), a group size,
-    optional [M, K] e4m3 and [M, ceil(K/group_size)] fp32 buffers that overlap x
-    nowhere. Returns (M, K, groups, out, scale_out)."""
+    """act_quant's arguments: [M, K] rows of bf16, fp16 or fp32 (K > 0), a
+    group size, optional [M, K] e4m3 and [M, ceil(K/group_size)] fp32 buffers
+    that overlap x nowhere. Returns (M, K, groups, out, scale_out)."""
     _check_rank("x", x, 2, "[M, K]")
     _check_tensor("x", x, (torch.bfloat16, torch.float16, torch.float32),
                   row_stride_ok=True)
@@ -80,62 +85,73 @@ def _check_act_quant_args(x, group_size, out, scale_out):
                          f"{list(x.shape)}")
     groups = math.ceil(k / group_size)
     out = _check_out("out", out, FP8_DTYPE, (m, k), x.device)
-    scale_out = _check_out("scale_out", scale_out, torch.float32, (m, groups), x.device)
+    scale_out = _check_out("scale_out", scale_out, torch.float32, (m, groups),
+                           x.device)
     _check_offsets("x", f"[{m}, {k}]", m * max(x.stride(0), k))
     _check_no_overlap([("out", out), ("scale_out", scale_out)], [("x", x)])
     return m, k, groups, out, scale_out
 
 # %% ../../book/07_triton.ipynb #ae4e2630
 def act_quant(x: torch.Tensor, group_size: int = 128, *,
-              out: torch.Tensor | None = None, scale_out: torch.Tensor | None = None):
-    """Per-token, per-group e4m3 quantization in one launch: `quantize_activation` for
-    2-d x.
+              out: torch.Tensor | None = None,
+              scale_out: torch.Tensor | None = None):
+    """Per-token, per-group e4m3 quantization in one launch:
+    `quantize_activation` for 2-d x.
 
-    x: [M, K] bf16, fp16 or fp32 (rows may be padded). Returns `(x_fp8 [M, K]
-    float8_e4m3fn, x_scale [M, ceil(K/group_size)] float32)`, bit for bit
-    `quantize_activation(x, group_size)`: `scale = max(amax, ACT_AMAX_EPS) / 448` and
-    `x_fp8 = e4m3(clamp(x / scale, -448, 448))`, IEEE divisions. `out`, `scale_out`:
-    optional preallocated results.
+    x: [M, K] bf16, fp16 or fp32 (rows may be padded). Returns
+    `(x_fp8 [M, K] float8_e4m3fn, x_scale [M, ceil(K/group_size)] float32)`,
+    bit for bit `quantize_activation(x, group_size)`:
+    `scale = max(amax, ACT_AMAX_EPS) / 448` and
+    `x_fp8 = e4m3(clamp(x / scale, -448, 448))`, IEEE divisions.
+    `out`, `scale_out`: optional preallocated results.
     """
-    m, k, groups, out, scale_out = _check_act_quant_args(x, group_size, out, scale_out)
+    m, k, groups, out, scale_out = _check_act_quant_args(x, group_size, out,
+                                                         scale_out)
     if out is None:
         out = torch.empty(m, k, dtype=FP8_DTYPE, device=x.device)
     if scale_out is None:
-        scale_out = torch.empty(m, groups, dtype=torch.float32, device=x.device)
+        scale_out = torch.empty(m, groups, dtype=torch.float32,
+                                device=x.device)
     if m == 0:
         return out, scale_out
     block_m = min(64, max(16, triton.next_power_of_2(m)))
     launch(_act_quant_kernel, (triton.cdiv(m, block_m), groups), x,
-           out.view(torch.uint8), scale_out, m, k, x.stride(0), FP8_MAX, ACT_AMAX_EPS,
-           BLOCK_M=block_m, GROUP=group_size, NATIVE=_native(x.device))
+           out.view(torch.uint8), scale_out, m, k, x.stride(0), FP8_MAX,
+           ACT_AMAX_EPS, BLOCK_M=block_m, GROUP=group_size,
+           NATIVE=_native(x.device))
     return out, scale_out
 
 # %% ../../book/07_triton.ipynb #75f7f4c7
 @triton.jit
-def _rmsnorm_quant_kernel(x_ptr, w_ptr, q_ptr, s_ptr, n_ptr, D, stride_x, d_float, eps,
-                          fp8_max, amax_eps, BLOCK_D: tl.constexpr, GROUP: tl.constexpr,
+def _rmsnorm_quant_kernel(x_ptr, w_ptr, q_ptr, s_ptr, n_ptr, D, stride_x,
+                          d_float, eps, fp8_max, amax_eps,
+                          BLOCK_D: tl.constexpr, GROUP: tl.constexpr,
                           N_GROUPS: tl.constexpr, ROUND_BF16: tl.constexpr,
                           WRITE_NORMED: tl.constexpr, NATIVE: tl.constexpr):
-    """One program per token row: read x once, write its e4m3 codes and group scales.
+    """One program per token row: read x once, write its e4m3 codes and
+    group scales.
 
-    x: [M, D] bf16 (row stride stride_x); w: [D] gain; q: [M, D] uint8 (e4m3 bits);
-    s: [M, ceil(D/GROUP)] fp32; BLOCK_D = N_GROUPS * GROUP >= D, powers of two;
+    x: [M, D] bf16 (row stride stride_x); w: [D] gain;
+    q: [M, D] uint8 (e4m3 bits); s: [M, ceil(D/GROUP)] fp32;
+    BLOCK_D = N_GROUPS * GROUP >= D, powers of two;
     n (optional): [M, D] the normalized, gained x before quantization."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     mask = cols < D
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask,
+                other=0.0).to(tl.float32)
     mean_sq = tl.math.div_rn(tl.sum(x * x, axis=0), d_float)
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(mean_sq + eps))
-    xn = _to_bf16(x * rstd, NATIVE)                # xf.to(bf16), as the reference does
+    xn = _to_bf16(x * rstd, NATIVE)  # xf.to(bf16), as the reference does
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    y = w * xn                                     # exact in fp32: two 8-bit mantissas
+    y = w * xn  # exact in fp32: two 8-bit mantissas
     if ROUND_BF16:
-        y = _to_bf16(y, NATIVE)                    # bf16 gain * bf16 x -> bf16
+        y = _to_bf16(y, NATIVE)  # bf16 gain * bf16 x -> bf16
     if WRITE_NORMED:
-        tl.store(n_ptr + row * D + cols, y.to(n_ptr.dtype.element_ty), mask=mask)
-    codes, scale = _quantize_groups(tl.reshape(y, (N_GROUPS, GROUP)), fp8_max, amax_eps,
-                                    NATIVE)
+        tl.store(n_ptr + row * D + cols, y.to(n_ptr.dtype.element_ty),
+                 mask=mask)
+    codes, scale = _quantize_groups(tl.reshape(y, (N_GROUPS, GROUP)), fp8_max,
+                                    amax_eps, NATIVE)
     tl.store(q_ptr + row * D + tl.reshape(cols, (N_GROUPS, GROUP)), codes,
              mask=tl.reshape(mask, (N_GROUPS, GROUP)))
     g = tl.arange(0, N_GROUPS)
@@ -143,34 +159,40 @@ def _rmsnorm_quant_kernel(x_ptr, w_ptr, q_ptr, s_ptr, n_ptr, D, stride_x, d_floa
 
 # %% ../../book/07_triton.ipynb #3e7f2160
 def _check_rmsnorm_inputs(h, weight, eps, group_size):
-    "rmsnorm_quant's inputs: [M, d] bf16 rows, a [d] gain, eps >= 0. Returns (M, d)."
+    """rmsnorm_quant's inputs: [M, d] bf16 rows, a [d] gain, eps >= 0.
+    Returns (M, d)."""
     _check_rank("h", h, 2, "[M, d]")
     _check_tensor("h", h, torch.bfloat16, row_stride_ok=True)
     m, d = h.shape
     if d == 0:
-        raise ValueError(f"h: expected a non-empty hidden dimension, got shape "
-                         f"{list(h.shape)}")
+        raise ValueError("h: expected a non-empty hidden dimension, got "
+                         f"shape {list(h.shape)}")
     _check_rank("weight", weight, 1, "[d]")
-    _check_tensor("weight", weight, (torch.bfloat16, torch.float32), (d,), h.device)
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+    _check_tensor("weight", weight, (torch.bfloat16, torch.float32), (d,),
+                  h.device)
+    if (isinstance(eps, bool) or not isinstance(eps, (int, float))
+            or not eps >= 0):
         raise ValueError(f"eps: expected a number >= 0, got {eps!r}")
     _check_group_size(group_size)
     return m, d
 
 
-def _check_rmsnorm_args(h, weight, eps, group_size, out, scale_out, normed_out):
-    """rmsnorm_quant's arguments, the inputs and the optional buffers (none may overlap
-    an input). Returns (M, d, groups, out, scale_out)."""
+def _check_rmsnorm_args(h, weight, eps, group_size, out, scale_out,
+                        normed_out):
+    """rmsnorm_quant's arguments, the inputs and the optional buffers
+    (none may overlap an input). Returns (M, d, groups, out, scale_out)."""
     m, d = _check_rmsnorm_inputs(h, weight, eps, group_size)
     _check_e4m3_gpu("h", h)
     groups = math.ceil(d / group_size)
     out = _check_out("out", out, FP8_DTYPE, (m, d), h.device)
-    scale_out = _check_out("scale_out", scale_out, torch.float32, (m, groups), h.device)
-    _check_out("normed_out", normed_out, torch.promote_types(weight.dtype, h.dtype),
-               (m, d), h.device)
+    scale_out = _check_out("scale_out", scale_out, torch.float32, (m, groups),
+                           h.device)
+    _check_out("normed_out", normed_out,
+               torch.promote_types(weight.dtype, h.dtype), (m, d), h.device)
     _check_offsets("h", f"[{m}, {d}]", m * max(h.stride(0), d))
     _check_no_overlap([("out", out), ("scale_out", scale_out),
-                       ("normed_out", normed_out)], [("h", h), ("weight", weight)])
+                       ("normed_out", normed_out)],
+                      [("h", h), ("weight", weight)])
     return m, d, groups, out, scale_out
 
 # %% ../../book/07_triton.ipynb #e5540633
@@ -178,38 +200,46 @@ def rmsnorm_quant(h: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                   group_size: int = 128, *, out: torch.Tensor | None = None,
                   scale_out: torch.Tensor | None = None,
                   normed_out: torch.Tensor | None = None):
-    """RMSNorm fused with the 1 x `group_size` activation quantization of an FP8 GEMM.
+    """RMSNorm fused with the 1 x `group_size` activation quantization of
+    an FP8 GEMM.
 
-    h: [M, d] bf16 (tokens x hidden); weight: [d] gain, bf16 (the checkpoint's) or fp32.
-    Returns `(x_fp8 [M, d] float8_e4m3fn, x_scale [M, ceil(d/group_size)] float32)`,
-    equal to `quantize_activation(rms_norm(h, weight, eps), group_size)`: the norm in
-    the reference's order (fp32 statistics, cast to bf16, times the gain, rounded to the
-    promoted dtype), then `scale = max(amax, ACT_AMAX_EPS) / 448` per group and `x_fp8 =
-    e4m3(clamp(x / scale))`. `out`, `scale_out`: optional preallocated results.
-    `normed_out`: optional [M, d] buffer (dtype of `weight * h`) that receives the
-    normalized x the kernel quantized (a debugging window).
+    h: [M, d] bf16 (tokens x hidden); weight: [d] gain, bf16 (the
+    checkpoint's) or fp32. Returns
+    `(x_fp8 [M, d] float8_e4m3fn, x_scale [M, ceil(d/group_size)] float32)`,
+    equal to `quantize_activation(rms_norm(h, weight, eps), group_size)`:
+    the norm in the reference's order (fp32 statistics, cast to bf16, times
+    the gain, rounded to the promoted dtype), then
+    `scale = max(amax, ACT_AMAX_EPS) / 448` per group and
+    `x_fp8 = e4m3(clamp(x / scale))`. `out`, `scale_out`: optional
+    preallocated results.
+    `normed_out`: optional [M, d] buffer (dtype of `weight * h`) that receives
+    the normalized x the kernel quantized (a debugging window).
     """
     m, d, groups, out, scale_out = _check_rmsnorm_args(
         h, weight, eps, group_size, out, scale_out, normed_out)
     if out is None:
         out = torch.empty(m, d, dtype=FP8_DTYPE, device=h.device)
     if scale_out is None:
-        scale_out = torch.empty(m, groups, dtype=torch.float32, device=h.device)
+        scale_out = torch.empty(m, groups, dtype=torch.float32,
+                                device=h.device)
     if m > 0:
         _launch_rmsnorm_quant(h, weight, eps, out.view(torch.uint8), scale_out,
                               normed_out, group_size)
     return out, scale_out
 
 # %% ../../book/07_triton.ipynb #2c41d0e7
-def _launch_rmsnorm_quant(h, weight, eps, codes, scale_out, normed_out=None, group=128):
-    """Launch `_rmsnorm_quant_kernel` on validated tensors: [M, d] h -> the e4m3 codes
-    (a uint8 view of the output) and scale_out."""
+def _launch_rmsnorm_quant(h, weight, eps, codes, scale_out, normed_out=None,
+                          group=128):
+    """Launch `_rmsnorm_quant_kernel` on validated tensors: [M, d] h -> the
+    e4m3 codes (a uint8 view of the output) and scale_out."""
     m, d = h.shape
-    block_d = max(1 << (d - 1).bit_length(), group)           # the next power of two
-    normed = codes if normed_out is None else normed_out     # a placeholder when unused
+    # the next power of two
+    block_d = max(1 << (d - 1).bit_length(), group)
+    # a placeholder when unused
+    normed = codes if normed_out is None else normed_out
     launch(_rmsnorm_quant_kernel, (m,), h, weight, codes, scale_out, normed, d,
-           h.stride(0), float(d), float(eps), FP8_MAX, ACT_AMAX_EPS, BLOCK_D=block_d,
-           GROUP=group, N_GROUPS=block_d // group,
+           h.stride(0), float(d), float(eps), FP8_MAX, ACT_AMAX_EPS,
+           BLOCK_D=block_d, GROUP=group, N_GROUPS=block_d // group,
            ROUND_BF16=weight.dtype == torch.bfloat16,
            WRITE_NORMED=normed_out is not None, NATIVE=_native(h.device),
            num_warps=8 if block_d >= 4096 else 4)

@@ -15,17 +15,19 @@ import triton.language as tl
 
 from ..fp8 import quantize_activation
 from ..swiglu import silu
-from .runtime import INTERPRETED, QUANT_BLOCK, _compiling, _cuda_index
+from .runtime import (
+    INTERPRETED, QUANT_BLOCK, _compiling, _cuda_index)
 
 # %% ../../book/07_triton.ipynb #9e0fcd30
 @triton.jit
 def _round_to_bf16(x):
     """x: fp32 -> the nearest bfloat16 value (ties to even), still as fp32.
 
-    An explicit rounding, so the interpreter (whose fp32 -> bf16 cast truncates) and
-    the GPU (round to nearest even) produce the same bits. Infinities stay infinite, a
-    finite value above bf16's largest rounds to inf, and NaN stays NaN (the addition
-    would carry a NaN's low payload bits into the exponent or the sign)."""
+    An explicit rounding, so the interpreter (whose fp32 -> bf16 cast
+    truncates) and the GPU (round to nearest even) produce the same bits.
+    Infinities stay infinite, a finite value above bf16's largest rounds to
+    inf, and NaN stays NaN (the addition would carry a NaN's low payload bits
+    into the exponent or the sign)."""
     bits = x.to(tl.uint32, bitcast=True)
     bits = bits + 0x7FFF + ((bits >> 16) & 1)
     bits = (bits >> 16) << 16
@@ -37,33 +39,36 @@ def _e4m3_code(q):
     """q: fp32 already clamped to [-448, 448] (or NaN) -> its float8_e4m3fn bit
     pattern (uint8), rounded to nearest, ties to even: what torch's
     `.to(torch.float8_e4m3fn)` gives, computed with integer ops because the
-    interpreter's fp32 -> e4m3 cast drops the carry into the exponent. NaN becomes
-    the NaN code 0x7F (0xFF with the sign bit), as in torch."""
+    interpreter's fp32 -> e4m3 cast drops the carry into the exponent. NaN
+    becomes the NaN code 0x7F (0xFF with the sign bit), as in torch."""
     bits = q.to(tl.uint32, bitcast=True)
     sign = (bits >> 24) & 0x80
     mag = bits & 0x7FFFFFFF
-    # Normal range (|q| >= 2^-6): keep 3 of the 23 mantissa bits, half to even; a
-    # carry out of the mantissa bumps the exponent, as it should. Rebias 127 -> 7.
+    # Normal range (|q| >= 2^-6): keep 3 of the 23 mantissa bits, half to even;
+    # a carry out of the mantissa bumps the exponent, as it should. Rebias 127
+    # -> 7.
     normal = ((mag + 0x7FFFF + ((mag >> 20) & 1)) >> 20) - (120 << 3)
-    # Subnormals (|q| < 2^-6) are multiples of 2^-9. Adding 2^14, whose fp32 ulp is
-    # 2^-9, makes the fp32 adder round |q| to that grid (ties to even); the low
-    # mantissa bits are then the code.
+    # Subnormals (|q| < 2^-6) are multiples of 2^-9. Adding 2^14, whose fp32
+    # ulp is 2^-9, makes the fp32 adder round |q| to that grid (ties to even);
+    # the low mantissa bits are then the code.
     sub = (tl.abs(q) + 16384.0).to(tl.uint32, bitcast=True) - 0x46800000
     code = tl.where(mag < 0x3C800000, sub, normal)
-    code = tl.where(q != q, 0x7F, code)  # NaN -> 0x7F (0xFF with the sign), as torch
+    # NaN -> 0x7F (0xFF with the sign), as torch
+    code = tl.where(q != q, 0x7F, code)
     return (code | sign).to(tl.uint8)
 
 # %% ../../book/07_triton.ipynb #bf8a25ae
-#: The hardware's conversions on a GPU; the interpreter's casts are wrong (above), so
-#: there the integer roundings stay. Each launch passes `_native(device)` to the
-#: kernels' constexpr NATIVE.
+#: The hardware's conversions on a GPU; the interpreter's casts are wrong
+#: (above), so there the integer roundings stay. Each launch passes
+#: `_native(device)` to the kernels' constexpr NATIVE.
 NATIVE = not INTERPRETED
 
 
 @triton.jit
 def _to_bf16(x, NATIVE: tl.constexpr):
-    """x: fp32 -> the nearest bf16 value (ties to even), as fp32. NATIVE: the hardware's
-    `cvt.rn.bf16.f32`; otherwise `_round_to_bf16` (the same bits; NaN stays NaN)."""
+    """x: fp32 -> the nearest bf16 value (ties to even), as fp32. NATIVE: the
+    hardware's `cvt.rn.bf16.f32`; otherwise `_round_to_bf16` (the same bits;
+    NaN stays NaN)."""
     if NATIVE:
         return x.to(tl.bfloat16).to(tl.float32)
     else:
@@ -72,10 +77,10 @@ def _to_bf16(x, NATIVE: tl.constexpr):
 
 @triton.jit
 def _e4m3_bits(q, NATIVE: tl.constexpr):
-    """q: fp32 clamped to [-448, 448] (or NaN) -> its e4m3 bit pattern (uint8), nearest
-    even. NATIVE: the hardware's `cvt.rn.satfinite.e4m3x2.f32`, with the NaN code set
-    explicitly to torch's 0x7F and the sign bit (the PTX ISA promises only "a NaN" for a
-    NaN input); otherwise `_e4m3_code`."""
+    """q: fp32 clamped to [-448, 448] (or NaN) -> its e4m3 bit pattern (uint8),
+    nearest even. NATIVE: the hardware's `cvt.rn.satfinite.e4m3x2.f32`, with
+    the NaN code set explicitly to torch's 0x7F and the sign bit (the PTX ISA
+    promises only "a NaN" for a NaN input); otherwise `_e4m3_code`."""
     if NATIVE:
         code = q.to(tl.float8e4nv).to(tl.uint8, bitcast=True)
         sign = ((q.to(tl.uint32, bitcast=True) >> 24) & 0x80).to(tl.uint8)
@@ -86,47 +91,52 @@ def _e4m3_bits(q, NATIVE: tl.constexpr):
 # %% ../../book/07_triton.ipynb #78725e12
 @triton.jit
 def _e4m3_probe_kernel(x_ptr, q_ptr):
-    "The compiler's own fp32 -> e4m3 conversion, alone: `_native` reads its PTX."
+    """The compiler's own fp32 -> e4m3 conversion, alone: `_native` reads its
+    PTX."""
     offs = tl.arange(0, 16)
     q = tl.load(x_ptr + offs).to(tl.float8e4nv)
     tl.store(q_ptr + offs, q.to(tl.uint8, bitcast=True))
 
 
 def _rounds_once(ptx: str) -> bool:
-    """Whether a PTX listing converts fp32 to e4m3 in one rounding to nearest even,
-    `cvt.rn.satfinite.e4m3x2.f32`, and not through f16 first (`cvt.rz.f16.f32`, then
-    `cvt.rn.satfinite.e4m3x2.f16x2`)."""
+    """Whether a PTX listing converts fp32 to e4m3 in one rounding to nearest
+    even, `cvt.rn.satfinite.e4m3x2.f32`, and not through f16 first
+    (`cvt.rz.f16.f32`, then `cvt.rn.satfinite.e4m3x2.f16x2`)."""
     return ("cvt.rn.satfinite.e4m3x2.f32" in ptx and "e4m3x2.f16x2" not in ptx
             and "cvt.rz.f16.f32" not in ptx)
 
 
 @functools.lru_cache(maxsize=None)
 def _e4m3_rounds_once(target) -> bool:
-    """`_rounds_once` for the probe compiled for `target` (Triton's GPUTarget; nothing
-    is launched). Triton 3.6 lowers the conversion for Ada (sm_89) through f16,
-    `cvt.rz.f16.f32` then `cvt.rn.satfinite.e4m3x2.f16x2`: two roundings, which give
-    other codes than torch for about 0.4% of values."""
+    """`_rounds_once` for the probe compiled for `target` (Triton's GPUTarget;
+    nothing is launched). Triton 3.6 lowers the conversion for Ada (sm_89)
+    through f16, `cvt.rz.f16.f32` then `cvt.rn.satfinite.e4m3x2.f16x2`: two
+    roundings, which give other codes than torch for about 0.4% of values."""
     dev = "cpu" if _compiling() else "cuda"
     x = torch.zeros(16, device=dev)
     kernel = _e4m3_probe_kernel.warmup(x, x.to(torch.uint8), grid=(1,))
     return _rounds_once(kernel.asm["ptx"])
 
 # %% ../../book/07_triton.ipynb #7a1c5e54
-_NATIVE_OK: dict = {}        # CUDA device index -> whether its conversions are used
+_NATIVE_OK: dict = {}  # CUDA device index -> whether its conversions are used
 
 
 def _native(device: torch.device) -> bool:
-    """NATIVE for a launch on `device`: the hardware's conversions, unless the
-    compiler's e4m3 conversion for this GPU rounds twice; then the integer roundings,
-    which give torch's codes on every GPU (a few more instructions)."""
+    """NATIVE for a launch on `device`: the hardware's conversions, unless
+    the compiler's e4m3 conversion for this GPU rounds twice; then the
+    integer roundings, which give torch's codes on every GPU (a few more
+    instructions)."""
     if not NATIVE:
         return False
-    if device.type != "cuda" or _compiling():    # compiling for a GPU not this one:
-        return _e4m3_rounds_once(_current_target())   # its answer, kept for no device
+    # compiling for a GPU not this one:
+    if device.type != "cuda" or _compiling():
+        # its answer, kept for no device
+        return _e4m3_rounds_once(_current_target())
     ok = _NATIVE_OK.get(device.index)
-    if ok is None:                               # the first launch on this GPU
+    if ok is None:  # the first launch on this GPU
         with torch.cuda.device(_cuda_index(device)):
-            ok = _NATIVE_OK[device.index] = _e4m3_rounds_once(_current_target())
+            ok = _NATIVE_OK[device.index] = _e4m3_rounds_once(
+                _current_target())
     return ok
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ['GEMM_TILES', 'MIN_STEPS', 'MAX_SPLIT', 'ADA_TILES', 'AMPERE_TILES', 'TURING_TILES', 'BLACKWELL_TILES', 'TILE_TABLES', 'SM_REGS', 'family_tiles', 'plan_gemm']
+__all__ = ['GEMM_TILES', 'MIN_STEPS', 'MAX_SPLIT', 'ADA_TILES', 'AMPERE_TILES',
+           'TURING_TILES', 'BLACKWELL_TILES', 'TILE_TABLES', 'SM_REGS',
+           'family_tiles', 'plan_gemm']
 
 # %% ../../book/08_gemm.ipynb #implan
-# kimi_mlp.kernels.plan: the decode plan: tiles per family, split-K, waves, occupancy.
+# kimi_mlp.kernels.plan: the decode plan: tiles per family, split-K,
+# waves, occupancy.
 import functools
 import math
 
@@ -13,23 +16,25 @@ import torch
 
 from .. import gpus
 from ..tiles import tuned_tiles
-from .runtime import (
-    INTERPRETED, QUANT_BLOCK, _check_offsets, _cuda_index, device_arch, device_sms)
+from kimi_mlp.kernels.runtime import (
+    INTERPRETED, QUANT_BLOCK, _check_offsets, _cuda_index, device_arch,
+    device_sms)
 
 # %% ../../book/08_gemm.ipynb #4405129d
 def _tiles(swap, block_m, warps, stages, regs, tma_a=False, group_m=8):
-    """One row of GEMM_TILES: a BLOCK_M x 128 tile of C (128 weight rows), K steps of
-    128, the weights read by TMA where they can be; `tma_a`: the activation too."""
-    return dict(SWAP=swap, BLOCK_M=block_m, BLOCK_N=128, GROUP_M=group_m, TMA_A=tma_a,
-                num_warps=warps, num_stages=stages, regs=regs)
+    """One row of GEMM_TILES: a BLOCK_M x 128 tile of C (128 weight rows),
+    K steps of 128, the weights read by TMA where they can be; `tma_a`: the
+    activation too."""
+    return dict(SWAP=swap, BLOCK_M=block_m, BLOCK_N=128, GROUP_M=group_m,
+                TMA_A=tma_a, num_warps=warps, num_stages=stages, regs=regs)
 
 
-#: Tile configurations per M bucket, (largest M, row): the first bucket with m <= its
-#: bound applies. SWAP: the tokens on the tensor cores' narrow side (16, 32 or 64:
-#: tl.dot needs 16 at least). `regs`: a ceiling, the most registers a thread uses in
-#: any launch of the block, appendix C's GPU check or appendix E's benchmark (ptxas for
-#: sm_90a under triton 3.6 and 3.9; the split-K reduction folded into the GEMMs:
-#: 3.9 only), for the occupancy estimate;
+#: Tile configurations per M bucket, (largest M, row): the first bucket with m
+#: <= its bound applies. SWAP: the tokens on the tensor cores' narrow side (16,
+#: 32 or 64: tl.dot needs 16 at least). `regs`: a ceiling, the most registers a
+#: thread uses in any launch of the block, appendix C's GPU check or appendix
+#: E's benchmark (ptxas for sm_90a under triton 3.6 and 3.9; the split-K
+#: reduction folded into the GEMMs: 3.9 only), for the occupancy estimate;
 #: `num_stages`: the software pipeline's shared-memory buffers.
 GEMM_TILES = {
     "gemm": ((16, _tiles(True, 16, 4, 6, 96)),
@@ -45,17 +50,17 @@ GEMM_TILES = {
 }
 
 # %% ../../book/08_gemm.ipynb #690396ec
-#: A K slice keeps at least MIN_STEPS steps of 128 (a pipeline needs some to fill), and
-#: K is cut into at most MAX_SPLIT slices.
+#: A K slice keeps at least MIN_STEPS steps of 128 (a pipeline needs some to
+#: fill), and K is cut into at most MAX_SPLIT slices.
 MIN_STEPS, MAX_SPLIT = 4, 32
 
 # %% ../../book/08_gemm.ipynb #7d47e251
-#: The same for Ada (compute capability 8.9: L4, L40S, RTX 4090): no wgmma, so no
-#: swap (FP8 `mma.sync` takes 16 rows), no TMA, and 99 KB of shared memory a program.
-#: `mma.sync` holds its operands in registers, so the tiles are smaller: at most 32
-#: tokens for the gated kernel's two accumulators, 64 for the others, the largest
-#: that compile for sm_89 without spilling under triton 3.6 and 3.9 (appendix D). No
-#: Ada measurement is stored yet.
+#: The same for Ada (compute capability 8.9: L4, L40S, RTX 4090): no wgmma, so
+#: no swap (FP8 `mma.sync` takes 16 rows), no TMA, and 99 KB of shared memory a
+#: program. `mma.sync` holds its operands in registers, so the tiles are
+#: smaller: at most 32 tokens for the gated kernel's two accumulators, 64 for
+#: the others, the largest that compile for sm_89 without spilling under triton
+#: 3.6 and 3.9 (appendix D). No Ada measurement is stored yet.
 ADA_TILES = {
     "gemm": ((16, _tiles(False, 16, 4, 3, 112)),
              (32, _tiles(False, 32, 4, 3, 180)),
@@ -71,17 +76,20 @@ ADA_TILES = {
 
 # %% ../../book/08_gemm.ipynb #a3adb214
 def _w8a16_tiles(block_m, block_n, warps, stages, regs, sub_k=32):
-    """A tile row of the W8A16 kernels (appendix H): BLOCK_M x BLOCK_N outputs, each
-    128-wide K step in SUB_K-wide slices (the decoded weights live in registers)."""
-    return dict(SWAP=False, BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8, TMA_A=False,
-                SUB_K=sub_k, num_warps=warps, num_stages=stages, regs=regs)
+    """A tile row of the W8A16 kernels (appendix H): BLOCK_M x BLOCK_N outputs,
+    each 128-wide K step in SUB_K-wide slices (the decoded weights live in
+    registers)."""
+    return dict(SWAP=False, BLOCK_M=block_m, BLOCK_N=block_n, GROUP_M=8,
+                TMA_A=False, SUB_K=sub_k, num_warps=warps, num_stages=stages,
+                regs=regs)
 
 
-#: The tiles of the GPU families without an e4m3 type, which run W8A16 (appendix H):
-#: Turing (T4, fp16 operands) and Ampere (A100, A10G, RTX 30xx, Orin): no swap and
-#: no TMA (`mma.sync`, or FMA on Turing), 64 or 128 weight
-#: rows, K steps of 128 in slices of 32: sizes that compile without spilling under
-#: triton 3.6 and 3.9 (appendix D). No measurement on these GPUs is stored yet.
+#: The tiles of the GPU families without an e4m3 type, which run W8A16
+#: (appendix H): Turing (T4, fp16 operands) and Ampere (A100, A10G, RTX 30xx,
+#: Orin): no swap and no TMA (`mma.sync`, or FMA on Turing), 64 or 128 weight
+#: rows, K steps of 128 in slices of 32: sizes that compile without spilling
+#: under triton 3.6 and 3.9 (appendix D). No measurement on these
+#: GPUs is stored yet.
 AMPERE_TILES = {
     "gemm": ((16, _w8a16_tiles(16, 64, 4, 3, 168)),
              (None, _w8a16_tiles(16, 64, 4, 3, 168))),
@@ -92,13 +100,13 @@ TURING_TILES = {
     "gemm": ((None, _w8a16_tiles(16, 64, 4, 2, 255)),),
     "gate_up": ((None, _w8a16_tiles(16, 64, 4, 2, 255)),),
 }
-#: Blackwell's data-centre parts (10.0: B200) take Hopper's rows (Triton gives them
-#: `tcgen05.mma`, its accumulators in tensor memory) except three that spill for
-#: sm_100a (triton 3.9, appendix D): the gated kernel at M 17 to 32 and the down GEMM
-#: at 33 to 64 get 8 warps, the gated kernel above 256 tokens 64-row tiles. `regs`:
-#: the most triton 3.9's ptxas gives the block's launches for sm_100a (under triton
-#: 3.6 the gated kernel at M 33 to 64 still spills 8 bytes a thread). No B200 has
-#: run them.
+#: Blackwell's data-centre parts (10.0: B200) take Hopper's rows (Triton gives
+#: them `tcgen05.mma`, its accumulators in tensor memory) except three that
+#: spill for sm_100a (triton 3.9, appendix D): the gated kernel at M 17 to 32
+#: and the down GEMM at 33 to 64 get 8 warps, the gated kernel above 256 tokens
+#: 64-row tiles. `regs`: the most triton 3.9's ptxas gives the block's launches
+#: for sm_100a (under triton 3.6 the gated kernel at M 33 to 64 still spills 8
+#: bytes a thread). No B200 has run them.
 BLACKWELL_TILES = {
     "gemm": ((16, _tiles(True, 16, 4, 6, 106)),
              (32, _tiles(True, 32, 4, 6, 254)),
@@ -111,44 +119,52 @@ BLACKWELL_TILES = {
                 (256, _tiles(False, 64, 8, 4, 142, tma_a=True)),
                 (None, _tiles(False, 64, 8, 4, 142, tma_a=True))),
 }
-#: The tables by name; each GPU family names its own (`gpus.Family.tiles`, appendix
-#: G): Hopper's, Blackwell's data-centre parts', Ada's (also Blackwell's GeForce
-#: parts', FP8 `mma.sync` both), and the W8A16 families'.
-TILE_TABLES = {"hopper": GEMM_TILES, "blackwell": BLACKWELL_TILES, "ada": ADA_TILES,
-               "ampere": AMPERE_TILES, "turing": TURING_TILES}
+#: The tables by name; each GPU family names its own (`gpus.Family.tiles`,
+#: appendix G): Hopper's, Blackwell's data-centre parts', Ada's (also
+#: Blackwell's GeForce parts', FP8 `mma.sync` both), and the W8A16 families'.
+TILE_TABLES = {"hopper": GEMM_TILES, "blackwell": BLACKWELL_TILES,
+               "ada": ADA_TILES, "ampere": AMPERE_TILES,
+               "turing": TURING_TILES}
 
 
 def family_tiles(arch: int) -> dict:
-    "The default tile table of GPU family `arch` (appendix G's registry names it)."
+    """The default tile table of GPU family `arch` (appendix G's registry
+    names it)."""
     return TILE_TABLES[gpus.family(arch).tiles]
 
 # %% ../../book/08_gemm.ipynb #8d2b7c11
 def _tile_row(kind, m, n, k, tiles=None, arch=90):
-    """The tile row for a GEMM of m tokens: a measured table's row for (kind, n, k) when
-    `tiles` has one (appendix E's `tune`), else the GPU family's (`family_tiles`)."""
+    """The tile row for a GEMM of m tokens: a measured table's row for
+    (kind, n, k) when `tiles` has one (appendix E's `tune`), else the GPU
+    family's (`family_tiles`)."""
     kind = "gate_up" if kind == "gate_up" else "gemm"
     table = (tiles or {}).get((kind, n, k)) or family_tiles(arch)[kind]
-    row = dict(next(row for bound, row in table if bound is None or m <= bound))
+    row = dict(next(row for bound, row in table
+                    if bound is None or m <= bound))
     w8a16 = not gpus.family(arch).e4m3
-    if ("SUB_K" in row) != w8a16:             # a W8A16 row where FP8 runs, or back
+    if ("SUB_K" in row) != w8a16:  # a W8A16 row where FP8 runs, or back
         path = "W8A16" if w8a16 else "FP8"
-        raise ValueError(f"tiles: the row for {(kind, n, k)} at M = {m} does not fit "
-                         f"the {path} kernels of family {arch} (SUB_K "
-                         f"{'required' if w8a16 else 'not allowed'}), got {row}")
+        raise ValueError(f"tiles: the row for {(kind, n, k)} at M = {m} does "
+                         f"not fit the {path} kernels of family {arch} "
+                         f"(SUB_K {'required' if w8a16 else 'not allowed'}), "
+                         f"got {row}")
     return row
 
 # %% ../../book/08_gemm.ipynb #3b7085e2
 def _best_split(tiles, k_steps, num_sms, partial, step_bytes, weight_bytes,
                 budget=None):
-    """The number of K slices with the least modelled time, in program-steps: whole
-    waves (ceil(programs / SMs)) times the longest slice, plus the partials' bytes as if
-    every SM streamed them. Slices keep MIN_STEPS steps, at most MAX_SPLIT of them;
-    `budget` (None: none) caps the partials' bytes at that share of the weight bytes."""
+    """The number of K slices with the least modelled time, in program-steps:
+    whole waves (ceil(programs / SMs)) times the longest slice, plus the
+    partials' bytes as if every SM streamed them. Slices keep MIN_STEPS steps,
+    at most MAX_SPLIT of them; `budget` (None: none) caps the partials' bytes
+    at that share of the weight bytes."""
     def cost(s):
         waves = math.ceil(tiles * s / num_sms)
-        return waves * math.ceil(k_steps / s) + partial(s) / (num_sms * step_bytes)
+        return (waves * math.ceil(k_steps / s)
+                + partial(s) / (num_sms * step_bytes))
 
-    ok = [s for s in range(2, min(MAX_SPLIT, k_steps) + 1) if k_steps // s >= MIN_STEPS
+    ok = [s for s in range(2, min(MAX_SPLIT, k_steps) + 1)
+          if k_steps // s >= MIN_STEPS
           and (budget is None or partial(s) <= budget * weight_bytes)]
     ok.insert(0, 1)
     return min(ok, key=lambda s: (cost(s), s))
@@ -156,7 +172,8 @@ def _best_split(tiles, k_steps, num_sms, partial, step_bytes, weight_bytes,
 # %% ../../book/08_gemm.ipynb #4062c858
 def _check_plan_args(kind, m, n, k, num_sms, split_k, arch):
     if kind not in ("gemm", "down", "gate_up"):
-        raise ValueError(f"kind: expected 'gemm', 'down' or 'gate_up', got {kind!r}")
+        raise ValueError("kind: expected 'gemm', 'down' or 'gate_up', got "
+                         f"{kind!r}")
     gpus.family(arch)                 # a one-line error for an unknown family
     for name, v in (("m", m), ("n", n), ("k", k), ("num_sms", num_sms)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -166,25 +183,28 @@ def _check_plan_args(kind, m, n, k, num_sms, split_k, arch):
 
 def _check_split_k(split_k):
     if split_k is not None and (isinstance(split_k, bool)
-                                or not isinstance(split_k, int) or split_k < 1):
-        raise ValueError(f"split_k: expected a positive int or None, got {split_k!r}")
+                                or not isinstance(split_k, int)
+                                or split_k < 1):
+        raise ValueError("split_k: expected a positive int or None, got "
+                         f"{split_k!r}")
 
 # %% ../../book/08_gemm.ipynb #af439d67
 #: Registers of one SM, for the occupancy estimate (CUDA C++ Programming Guide,
-#: "Technical Specifications per Compute Capability": 64 K on every family here);
-#: an SM's shared memory is its family's (`gpus.Family.shared_per_sm`).
+#: "Technical Specifications per Compute Capability": 64 K on every family
+#: here); an SM's shared memory is its family's (`gpus.Family.shared_per_sm`).
 SM_REGS = 65536
 
 
 def _occupancy(row, outputs, arch):
-    """A tile row's shared-memory estimate (bytes: its pipeline's buffers, weights in
-    e4m3 and activations in e4m3, or in 16 bits on the W8A16 families; the scales live
-    in registers) and the programs one SM holds, by shared memory (1 KB reserved a
-    program) and by registers (`regs`, a ceiling, times the threads)."""
+    """A tile row's shared-memory estimate (bytes: its pipeline's buffers,
+    weights in e4m3 and activations in e4m3, or in 16 bits on the W8A16
+    families; the scales live in registers) and the programs one SM holds, by
+    shared memory (1 KB reserved a program) and by registers (`regs`, a
+    ceiling, times the threads)."""
     fam = gpus.family(arch)
     act = 1 if fam.e4m3 else 2
-    smem = (row["num_stages"] * (outputs * row["BLOCK_N"] + act * row["BLOCK_M"])
-            * QUANT_BLOCK)
+    smem = (row["num_stages"]
+            * (outputs * row["BLOCK_N"] + act * row["BLOCK_M"]) * QUANT_BLOCK)
     threads = 32 * row["num_warps"]
     per_sm = max(1, min(fam.shared_per_sm // (smem + 1024),
                         SM_REGS // (row["regs"] * threads)))
@@ -194,36 +214,36 @@ def _occupancy(row, outputs, arch):
 def plan_gemm(kind: str, m: int, n: int, k: int, num_sms: int,
               split_k: int | None = None, budget: float | None = None,
               tiles: dict | None = None, arch: int = 90) -> dict:
-    """The launch plan of one block-scaled FP8 GEMM C[m, n] = A[m, k] @ W[n, k]^T.
-    kind: "gemm" (also "down") or "gate_up" (two weights, SwiGLU); num_sms: the GPU's
-    SM count; `split_k` forces the slices (at most one per K step); `budget` caps the
-    partials' share of the weight bytes (None: the cost decides); `tiles`: a measured
-    table (`_tile_row`); `arch`: the family, 90 (Hopper, default) or 89 (Ada). Returns
-    m's tile row plus arch, tiles, split_k, steps (of the longest slice), programs,
-    waves, wave_eff (the useful share of the waves' SM-steps), per_sm (programs an SM
-    holds), smem (bytes, estimated), weight_bytes, partial_bytes, partial_share."""
+    """The launch plan of one block-scaled FP8 GEMM C[m, n] = A[m, k] @
+    W[n, k]^T on `num_sms` SMs. kind: "gemm" (also "down") or "gate_up" (two
+    weights, SwiGLU); `split_k` forces the slices (one per K step at most);
+    `budget` caps the partials' share of the weight bytes (None: cost decides);
+    `tiles`: a measured table; `arch`: 90 (Hopper) or 89 (Ada). Returns m's
+    tile row, the arguments, and tiles, split_k, steps (longest slice),
+    programs, waves, wave_eff (useful share of the SM-steps), per_sm, smem,
+    weight_bytes, partial_bytes, partial_share."""
     _check_plan_args(kind, m, n, k, num_sms, split_k, arch)
     row = _tile_row(kind, m, n, k, tiles, arch)
-    outputs = 2 if kind == "gate_up" else 1              # weights read, results summed
+    outputs = 2 if kind == "gate_up" else 1  # weights read, results summed
     n_tiles = math.ceil(m / row["BLOCK_M"]) * math.ceil(n / row["BLOCK_N"])
-    k_steps = math.ceil(k / QUANT_BLOCK)
-    weight_bytes = outputs * n * k
-    partial = lambda s: 0 if s == 1 else 2 * s * outputs * m * n * 4   # fp32 out, in
+    k_steps, weight_bytes = math.ceil(k / QUANT_BLOCK), outputs * n * k
+    # the partials' bytes: fp32, written then read back
+    partial = lambda s: 0 if s == 1 else 2 * s * outputs * m * n * 4
     if split_k is None:
         split_k = row.get("split_k") or _best_split(
-            n_tiles, k_steps, num_sms, partial, outputs * row["BLOCK_N"] * QUANT_BLOCK,
-            weight_bytes, budget)
+            n_tiles, k_steps, num_sms, partial,
+            outputs * row["BLOCK_N"] * QUANT_BLOCK, weight_bytes, budget)
     split = min(split_k, k_steps)
     _check_offsets("split_k", f"a [{split}, {outputs}, {m}, {n}] workspace",
                    split * outputs * m * n)
     steps, programs = math.ceil(k_steps / split), n_tiles * split
     smem, per_sm = _occupancy(row, outputs, arch)
     waves, part = programs / num_sms, partial(split)
+    eff = n_tiles * k_steps / (math.ceil(waves) * num_sms * steps)
     return dict(row, kind=kind, arch=arch, m=m, n=n, k=k, num_sms=num_sms,
                 tiles=n_tiles, split_k=split, steps=steps, programs=programs,
-                waves=waves,
-                wave_eff=n_tiles * k_steps / (math.ceil(waves) * num_sms * steps),
-                per_sm=per_sm, smem=smem, weight_bytes=weight_bytes, partial_bytes=part,
+                waves=waves, wave_eff=eff, per_sm=per_sm, smem=smem,
+                weight_bytes=weight_bytes, partial_bytes=part,
                 partial_share=part / weight_bytes)
 
 # %% ../../book/08_gemm.ipynb #bc6d3805
@@ -237,14 +257,15 @@ def _tuned_tiles(index):
 
 @functools.lru_cache(maxsize=4096)
 def _plan(kind, m, n, k, num_sms, split_k=None, index=None, arch=90):
-    """`plan_gemm` for CUDA device `index`'s table (None: the family's), cached (a dict
-    lookup per launch), with `meta`: the kernel's keyword arguments."""
+    """`plan_gemm` for CUDA device `index`'s table (None: the family's), cached
+    (a dict lookup per launch), with `meta`: the kernel's keyword arguments."""
     return _with_meta(plan_gemm(kind, m, n, k, num_sms, split_k,
                                 tiles=_tuned_tiles(index), arch=arch))
 
 
 def _with_meta(plan: dict) -> dict:
-    "`plan` with `meta` added: the kernel's keyword arguments that the plan fixes."
+    """`plan` with `meta` added: the kernel's keyword arguments that the
+    plan fixes."""
     keys = ("BLOCK_M", "BLOCK_N", "GROUP_M", "SWAP", "num_warps", "num_stages")
     plan["meta"] = dict({key: plan[key] for key in keys}, BLOCK_K=QUANT_BLOCK,
                         EXACT_DOT=INTERPRETED)
@@ -252,8 +273,8 @@ def _with_meta(plan: dict) -> dict:
 
 
 def _plan_for(kind, m, n, k, device, split_k=None, num_sms=None):
-    """The cached plan of a launch on `device`: its SM count, its family and its
-    measured table."""
+    """The cached plan of a launch on `device`: its SM count, its family and
+    its measured table."""
     index = _cuda_index(device) if device.type == "cuda" else None
     sms = num_sms if num_sms is not None else device_sms(device)
     return _plan(kind, m, n, k, sms, split_k, index, device_arch(device))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ['TC_ACC_BITS', 'TC_CHUNK', 'tensor_core_matmul', 'tensor_core_error', 'tensor_core_mlp']
+__all__ = ['TC_ACC_BITS', 'TC_CHUNK', 'tensor_core_matmul',
+           'tensor_core_error', 'tensor_core_mlp']
 
 # %% ../../book/08_gemm.ipynb #imtensco
 # kimi_mlp.kernels.tensor_cores: a model of the FP8 tensor cores' sums, for the
@@ -16,62 +17,73 @@ from ..swiglu import silu
 from .runtime import QUANT_BLOCK
 
 # %% ../../book/08_gemm.ipynb #53e5762b
-#: Mantissa bits kept in the tensor cores' running sum, as the GPU bounds assume: 13,
-#: one below the about 14 the DeepSeek-V3 report gives for the H800. An assumption.
+#: Mantissa bits kept in the tensor cores' running sum, as the GPU bounds
+#: assume: 13, one below the about 14 the DeepSeek-V3 report gives for the
+#: H800. An assumption.
 TC_ACC_BITS = 13
-#: Products summed by one FP8 tensor-core instruction (wgmma ...k32, mma.sync ...k32).
+#: Products summed by one FP8 tensor-core instruction (wgmma ...k32,
+#: mma.sync ...k32).
 TC_CHUNK = 32
 
 
 def _cut(x: torch.Tensor, bits: int) -> torch.Tensor:
     "float64 `x` with its significand cut toward zero to 1 + `bits` bits."
-    mant, exp = torch.frexp(x)                    # x = mant * 2^exp, 0.5 <= |mant| < 1
-    return torch.trunc(mant * 2.0 ** (bits + 1)) * torch.exp2((exp - bits - 1).double())
+    mant, exp = torch.frexp(x)  # x = mant * 2^exp, 0.5 <= |mant| < 1
+    return (torch.trunc(mant * 2.0 ** (bits + 1))
+            * torch.exp2((exp - bits - 1).double()))
 
 # %% ../../book/08_gemm.ipynb #c1e3005f
 def tensor_core_matmul(a_fp8: torch.Tensor, a_scale: torch.Tensor,
                        w_fp8: torch.Tensor, w_scale: torch.Tensor,
                        acc_bits: int | None = TC_ACC_BITS) -> torch.Tensor:
-    """A model of `fp8_gemm`'s arithmetic on FP8 tensor cores, [M, N] fp32, for bounds.
+    """A model of `fp8_gemm`'s arithmetic on FP8 tensor cores, [M, N] fp32,
+    for bounds.
 
-    Operands as `fp8_gemm`'s. Per 128-wide K step: the products are exact, the running
-    sum is cut toward zero to `acc_bits` mantissa bits after each TC_CHUNK products,
-    then `acc += step * a_scale * w_scale` in fp32 (the promotion). acc_bits=None cuts
-    nothing: `fp8_matmul_blockwise` bit for bit."""
+    Operands as `fp8_gemm`'s. Per 128-wide K step: the products are exact, the
+    running sum is cut toward zero to `acc_bits` mantissa bits after each
+    TC_CHUNK products, then `acc += step * a_scale * w_scale` in fp32
+    (the promotion). acc_bits=None cuts nothing: `fp8_matmul_blockwise`
+    bit for bit."""
     m, k = a_fp8.shape
     n = w_fp8.shape[0]
     a, w = a_fp8.double(), w_fp8.double()          # e4m3 -> float64, exact
     acc = torch.zeros(m, n, dtype=torch.float32, device=a_fp8.device)
     for kb in range(math.ceil(k / QUANT_BLOCK)):
         step = torch.zeros(m, n, dtype=torch.float64, device=a_fp8.device)
-        for c in range(kb * QUANT_BLOCK, min(k, (kb + 1) * QUANT_BLOCK), TC_CHUNK):
-            step = step + a[:, c:c + TC_CHUNK] @ w[:, c:c + TC_CHUNK].T    # exact
+        for c in range(kb * QUANT_BLOCK,
+                       min(k, (kb + 1) * QUANT_BLOCK), TC_CHUNK):
+            # exact
+            step = step + a[:, c:c + TC_CHUNK] @ w[:, c:c + TC_CHUNK].T
             step = step if acc_bits is None else _cut(step, acc_bits)
         w_s = w_scale[:, kb].repeat_interleave(QUANT_BLOCK)[:n]
         acc += step.float() * a_scale[:, kb, None] * w_s[None, :]
     return acc
 
 # %% ../../book/08_gemm.ipynb #ddb5ba6f
-def tensor_core_error(a_fp8, a_scale, w_fp8, w_scale, rows: int = 256) -> float:
-    """The model's relative error against the exact steps on the first `rows` tokens
-    (rows are independent, so a few hundred measure it well): what the tensor cores
-    may add to this GEMM's error."""
+def tensor_core_error(a_fp8, a_scale, w_fp8, w_scale,
+                      rows: int = 256) -> float:
+    """The model's relative error against the exact steps on the first `rows`
+    tokens (rows are independent, so a few hundred measure it well): what the
+    tensor cores may add to this GEMM's error."""
     a_fp8, a_scale = a_fp8[:rows], a_scale[:rows]
     model = tensor_core_matmul(a_fp8, a_scale, w_fp8, w_scale).double()
     exact = tensor_core_matmul(a_fp8, a_scale, w_fp8, w_scale, None).double()
     return ((model - exact).norm() / exact.norm()).item()
 
 
-def tensor_core_mlp(x_fp8, x_scale, gate_w, gate_scale, up_w, up_scale, down_w=None,
-                    down_scale=None, acc_bits: int | None = TC_ACC_BITS) -> dict:
-    """The model carried through the MLP from a quantized x [M, d], every GEMM by
-    `tensor_core_matmul` (acc_bits=None: exact steps, the w8a8 reference's): a dict of
-    g and u [M, F], p = silu(g) * u, and, given the down weight, y = down(quantize(p))
-    [M, d], all fp32."""
+def tensor_core_mlp(x_fp8, x_scale, gate_w, gate_scale, up_w, up_scale,
+                    down_w=None, down_scale=None,
+                    acc_bits: int | None = TC_ACC_BITS) -> dict:
+    """The model carried through the MLP from a quantized x [M, d], every GEMM
+    by `tensor_core_matmul` (acc_bits=None: exact steps, the w8a8 reference's):
+    a dict of g and u [M, F], p = silu(g) * u, and, given the down weight,
+    y = down(quantize(p)) [M, d], all fp32."""
     g = tensor_core_matmul(x_fp8, x_scale, gate_w, gate_scale, acc_bits)
     u = tensor_core_matmul(x_fp8, x_scale, up_w, up_scale, acc_bits)
     out = {"g": g, "u": u, "p": silu(g) * u}
     if down_w is not None:
-        p_fp8, p_scale = (v.to(g.device) for v in quantize_activation(out["p"].cpu()))
-        out["y"] = tensor_core_matmul(p_fp8, p_scale, down_w, down_scale, acc_bits)
+        p_fp8, p_scale = (v.to(g.device)
+                          for v in quantize_activation(out["p"].cpu()))
+        out["y"] = tensor_core_matmul(p_fp8, p_scale, down_w, down_scale,
+                                      acc_bits)
     return out

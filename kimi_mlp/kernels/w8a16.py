@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ['W8A16_BOUND', 'FP16_MAX', 'U32', 'U16', 'UBF16', 'decode_e4m3', 'w8a16_gemm', 'rmsnorm_act', 'w8a16_gate_up_swiglu', 'fp16_bounds']
+__all__ = ['W8A16_BOUND', 'FP16_MAX', 'U32', 'U16', 'UBF16', 'decode_e4m3',
+           'w8a16_gemm', 'rmsnorm_act', 'w8a16_gate_up_swiglu', 'fp16_bounds']
 
 # %% ../../book/appendix_h_w8a16.ipynb #imw8a16
 # kimi_mlp.kernels.w8a16: the W8A16 kernels for GPUs without e4m3, and their
@@ -17,8 +18,8 @@ from .. import gpus
 from ..fp8 import FP8_DTYPE
 from kimi_mlp.kernels.runtime import (
     INTERPRETED, QUANT_BLOCK, _check_no_overlap, _check_offsets, _check_out,
-    _check_rank, _check_tensor, _cuda_index, _scale_shape, device_arch, device_sms,
-    launch)
+    _check_rank, _check_tensor, _cuda_index, _scale_shape, device_arch,
+    device_sms, launch)
 from .numerics import _round_to_bf16
 from .norm_quant import _check_rmsnorm_inputs
 from .plan import _check_split_k, _plan
@@ -28,14 +29,17 @@ from .epilogues import _swiglu
 # %% ../../book/appendix_h_w8a16.ipynb #a8a5b998
 @triton.jit
 def _e4m3_decode(code, BF16: tl.constexpr):
-    """code: e4m3 bit patterns as uint8 -> their exact values as bf16 (BF16) or fp16,
-    without an e4m3 type (GPUs before sm_89 lack it): the bits moved into an fp32 whose
-    exponent field holds e4m3's, then one exact multiply by 2^(127 - 7)."""
+    """code: e4m3 bit patterns as uint8 -> their exact values as bf16 (BF16)
+    or fp16, without an e4m3 type (GPUs before sm_89 lack it): the bits moved
+    into an fp32 whose exponent field holds e4m3's, then one exact multiply
+    by 2^(127 - 7)."""
     c = code.to(tl.int32)
-    bits = ((c & 0x80) << 24) | ((c & 0x7F) << 20)     # sign; exponent and mantissa
-    v = bits.to(tl.float32, bitcast=True) * 1.329227995784916e36       # * 2^120
-    v = tl.where((c & 0x7F) == 0x7F, float("nan"), v)  # 0x7F, 0xFF: NaN, not 480
-    return v.to(tl.bfloat16 if BF16 else tl.float16)   # exact: 4 significant bits
+    bits = ((c & 0x80) << 24) | ((c & 0x7F) << 20)  # sign; exponent, mantissa
+    v = bits.to(tl.float32, bitcast=True) * 1.329227995784916e36  # * 2^120
+    # 0x7F, 0xFF: NaN, not 480
+    v = tl.where((c & 0x7F) == 0x7F, float("nan"), v)
+    # exact: 4 significant bits
+    return v.to(tl.bfloat16 if BF16 else tl.float16)
 
 
 @triton.jit
@@ -48,13 +52,14 @@ def _decode_kernel(c_ptr, out_ptr, n, BF16: tl.constexpr, BLOCK: tl.constexpr):
 
 # %% ../../book/appendix_h_w8a16.ipynb #4ba5fc67
 def decode_e4m3(codes: torch.Tensor, dtype=torch.bfloat16) -> torch.Tensor:
-    """The values of e4m3 codes (uint8, or float8_e4m3fn read as bytes) as `dtype`,
-    bf16 or fp16, decoded by `_e4m3_decode`: exact, NaN for 0x7F and 0xFF, -0 kept."""
+    """The values of e4m3 codes (uint8, or float8_e4m3fn read as bytes) as
+    `dtype`, bf16 or fp16, decoded by `_e4m3_decode`: exact, NaN for 0x7F
+    and 0xFF, -0 kept."""
     tensor = isinstance(codes, torch.Tensor)
     if not tensor or codes.dtype not in (torch.uint8, FP8_DTYPE):
         got = codes.dtype if tensor else type(codes).__name__
-        raise TypeError("codes: expected a torch.uint8 or torch.float8_e4m3fn tensor, "
-                        f"got {got}")
+        raise TypeError("codes: expected a torch.uint8 or torch.float8_e4m3fn "
+                        f"tensor, got {got}")
     if dtype not in (torch.bfloat16, torch.float16):
         raise ValueError("dtype: expected torch.bfloat16 or torch.float16, "
                          f"got {dtype!r}")
@@ -62,23 +67,24 @@ def decode_e4m3(codes: torch.Tensor, dtype=torch.bfloat16) -> torch.Tensor:
     _check_offsets("codes", f"{u8.numel():,} codes", u8.numel())
     out = torch.empty(u8.shape, dtype=dtype, device=u8.device)
     if u8.numel():
-        launch(_decode_kernel, (triton.cdiv(u8.numel(), 1024),), u8, out, u8.numel(),
-               BF16=dtype == torch.bfloat16, BLOCK=1024)
+        launch(_decode_kernel, (triton.cdiv(u8.numel(), 1024),), u8, out,
+               u8.numel(), BF16=dtype == torch.bfloat16, BLOCK=1024)
     return out
 
 # %% ../../book/appendix_h_w8a16.ipynb #3ba03669
 @triton.jit
 def _bf16_load(ptr, offs, mask):
-    "bf16 values stored at ptr (an int16 view) -> fp32, exactly: a shift, on any GPU."
+    """bf16 values stored at ptr (an int16 view) -> fp32, exactly: a shift,
+    on any GPU."""
     bits = tl.load(ptr + offs, mask=mask, other=0).to(tl.int32) & 0xFFFF
     return (bits << 16).to(tl.float32, bitcast=True)
 
 
 @triton.jit
 def _round_act(x, BF16: tl.constexpr):
-    """fp32 -> the nearest value of the activations' type, still fp32: bf16 by integers
-    (`_round_to_bf16`), or fp16 by the conversion, which rounds 65520 and more to inf
-    (IEEE round to nearest), never saturating."""
+    """fp32 -> the nearest value of the activations' type, still fp32: bf16 by
+    integers (`_round_to_bf16`), or fp16 by the conversion, which rounds 65520
+    and more to inf (IEEE round to nearest), never saturating."""
     if BF16:
         return _round_to_bf16(x)
     else:
@@ -87,22 +93,23 @@ def _round_act(x, BF16: tl.constexpr):
 
 @triton.jit
 def _act_store(ptr, offs, x, mask, BF16: tl.constexpr):
-    """Store x (fp32 holding a value of the activations' type) as bf16 bits into an
-    int16 view (BF16; a NaN stays NaN) or as fp16."""
+    """Store x (fp32 holding a value of the activations' type) as bf16 bits
+    into an int16 view (BF16; a NaN stays NaN) or as fp16."""
     if BF16:
         bits = x.to(tl.uint32, bitcast=True) >> 16
-        tl.store(ptr + offs, tl.where(x != x, 0x7FC0, bits).to(tl.int16), mask=mask)
+        tl.store(ptr + offs, tl.where(x != x, 0x7FC0, bits).to(tl.int16),
+                 mask=mask)
     else:
         tl.store(ptr + offs, x.to(tl.float16), mask=mask)
 
 # %% ../../book/appendix_h_w8a16.ipynb #a42fee86
 @triton.jit
-def _w8a16_part(x_ptr, w_ptr, K, rm, m_ok, rn, n_ok, k, part, BF16: tl.constexpr,
-                UPCAST: tl.constexpr):
-    """part + x[rm, k] @ decode(w[rn, k])^T: one slice k of a K step, the weight codes
-    (bytes) decoded in registers, summed on the tensor cores into the fp32 part.
-    UPCAST: the dot in fp32 (the interpreter's bf16 dot is wrong; bf16 and fp16
-    values are exact in fp32)."""
+def _w8a16_part(x_ptr, w_ptr, K, rm, m_ok, rn, n_ok, k, part,
+                BF16: tl.constexpr, UPCAST: tl.constexpr):
+    """part + x[rm, k] @ decode(w[rn, k])^T: one slice k of a K step, the
+    weight codes (bytes) decoded in registers, summed on the tensor cores into
+    the fp32 part. UPCAST: the dot in fp32 (the interpreter's bf16 dot is
+    wrong; bf16 and fp16 values are exact in fp32)."""
     x = _rows_tile(x_ptr, rm, m_ok, K, k, K, 0.0)
     code = _rows_tile(w_ptr, rn, n_ok, K, k, K, 0)
     w = _e4m3_decode(code, BF16)
@@ -114,8 +121,9 @@ def _w8a16_part(x_ptr, w_ptr, K, rm, m_ok, rn, n_ok, k, part, BF16: tl.constexpr
 @triton.jit
 def _w8a16_epilogue(acc, r_ptr, c_ptr, offs, mask, HAS_RESIDUAL: tl.constexpr,
                     OUT_BF16: tl.constexpr):
-    """The fp32 sum rounded to the output's type, bf16 (OUT_BF16) or fp16; with the
-    residual (bf16) added and rounded again, as the reference rounds `h + y`."""
+    """The fp32 sum rounded to the output's type, bf16 (OUT_BF16) or fp16;
+    with the residual (bf16) added and rounded again, as the reference rounds
+    `h + y`."""
     out = _round_act(acc, OUT_BF16)
     if HAS_RESIDUAL:
         out = _round_to_bf16(out + _bf16_load(r_ptr, offs, mask))
@@ -129,10 +137,11 @@ def _w8a16_gemm_kernel(x_ptr, w_ptr, w_s_ptr, c_ptr, r_ptr, M, N, K, splits,
                        GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
                        HAS_RESIDUAL: tl.constexpr, BF16: tl.constexpr,
                        OUT_BF16: tl.constexpr, UPCAST: tl.constexpr):
-    """C [M, N] = x [M, K] @ (decode(w) * s^w)^T (+ r): x bf16 (BF16) or fp16, w the
-    e4m3 codes as bytes [N, K], w_s one fp32 scale per 128 x 128 block, applied to each
-    K step's fp32 sum. Grid and split as `_fp8_gemm_kernel`; c (an int16 view when
-    OUT_BF16) or, when SPLIT, the fp32 workspace [splits, M, N]; r: int16 bits."""
+    """C [M, N] = x [M, K] @ (decode(w) * s^w)^T (+ r): x bf16 (BF16) or fp16,
+    w the e4m3 codes as bytes [N, K], w_s one fp32 scale per 128 x 128 block,
+    applied to each K step's fp32 sum. Grid and split as `_fp8_gemm_kernel`;
+    c (an int16 view when OUT_BF16) or, when SPLIT, the fp32 workspace
+    [splits, M, N]; r: int16 bits."""
     _, off_m, off_n, rm, rn, m_ok, n_ok, k_steps, lo, hi = _program_tile(
         M, N, K, splits, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -140,8 +149,8 @@ def _w8a16_gemm_kernel(x_ptr, w_ptr, w_s_ptr, c_ptr, r_ptr, M, N, K, splits,
         part = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for j in tl.static_range(BLOCK_K // SUB_K):
             k = step * BLOCK_K + j * SUB_K + tl.arange(0, SUB_K)
-            part = _w8a16_part(x_ptr, w_ptr, K, rm, m_ok, rn, n_ok, k, part, BF16,
-                               UPCAST)
+            part = _w8a16_part(x_ptr, w_ptr, K, rm, m_ok, rn, n_ok, k, part,
+                               BF16, UPCAST)
         acc += part * _block_scale_at(w_s_ptr, off_n, k_steps, step)
     offs, mask = rm[:, None] * N + rn[None, :], m_ok[:, None] & n_ok[None, :]
     if SPLIT:
@@ -151,9 +160,11 @@ def _w8a16_gemm_kernel(x_ptr, w_ptr, w_s_ptr, c_ptr, r_ptr, M, N, K, splits,
 
 
 @triton.jit
-def _w8a16_reduce_kernel(ws_ptr, r_ptr, c_ptr, numel, splits, BLOCK: tl.constexpr,
-                         HAS_RESIDUAL: tl.constexpr, OUT_BF16: tl.constexpr):
-    "The split-K partials ws [splits, numel] summed in slice order, then the epilogue."
+def _w8a16_reduce_kernel(ws_ptr, r_ptr, c_ptr, numel, splits,
+                         BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                         OUT_BF16: tl.constexpr):
+    """The split-K partials ws [splits, numel] summed in slice order,
+    then the epilogue."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
@@ -163,14 +174,16 @@ def _w8a16_reduce_kernel(ws_ptr, r_ptr, c_ptr, numel, splits, BLOCK: tl.constexp
 
 # %% ../../book/appendix_h_w8a16.ipynb #966e835a
 def _bits(t):
-    "A bf16 tensor as the int16 bits the W8A16 kernels read and write; others as is."
+    """A bf16 tensor as the int16 bits the W8A16 kernels read and write;
+    others as is."""
     return t.view(torch.int16) if t.dtype == torch.bfloat16 else t
 
 
 def _w8a16_plan_for(kind, m, n, k, device, split_k=None, num_sms=None):
-    """The cached plan of a W8A16 launch on `device`: its family's tiles (or the
-    GPU's measured table) on Turing and Ampere; on a GPU with e4m3 (which runs sm_80
-    code too) and in the interpreter, the A100's, with the device's SM count."""
+    """The cached plan of a W8A16 launch on `device`: its family's tiles (or
+    the GPU's measured table) on Turing and Ampere; on a GPU with e4m3 (which
+    runs sm_80 code too) and in the interpreter, the A100's, with the device's
+    SM count."""
     arch = device_arch(device)
     sms = num_sms if num_sms is not None else device_sms(device)
     if gpus.family(arch).e4m3:
@@ -181,17 +194,19 @@ def _w8a16_plan_for(kind, m, n, k, device, split_k=None, num_sms=None):
 
 def _w8a16_meta(plan: dict) -> dict:
     "The W8A16 kernels' keyword arguments that `plan` fixes."
-    keys = ("BLOCK_M", "BLOCK_N", "SUB_K", "GROUP_M", "num_warps", "num_stages")
+    keys = ("BLOCK_M", "BLOCK_N", "SUB_K", "GROUP_M", "num_warps",
+            "num_stages")
     return dict({key: plan[key] for key in keys}, BLOCK_K=QUANT_BLOCK,
                 UPCAST=INTERPRETED)
 
 
 def _launch_w8a16_gemm(x, w, w_s, out, residual, plan, ws=None):
-    """out = x @ (decode(w) * w_s)^T (+ residual) per `plan`, on validated tensors (w:
-    the codes as uint8), with split-K's reduction when the plan splits; ws: an
-    optional [split_k, M, N] fp32 workspace."""
+    """out = x @ (decode(w) * w_s)^T (+ residual) per `plan`, on validated
+    tensors (w: the codes as uint8), with split-K's reduction when the plan
+    splits; ws: an optional [split_k, M, N] fp32 workspace."""
     (m, k), n, split = x.shape, out.shape[1], plan["split_k"]
-    r = _bits(residual if residual is not None else out)   # a placeholder when unused
+    # a placeholder when unused
+    r = _bits(residual if residual is not None else out)
     flags = dict(HAS_RESIDUAL=residual is not None,
                  OUT_BF16=out.dtype == torch.bfloat16)
     bf16, grid = x.dtype == torch.bfloat16, (plan["tiles"], split)
@@ -201,54 +216,61 @@ def _launch_w8a16_gemm(x, w, w_s, out, residual, plan, ws=None):
         return out
     if ws is None:
         ws = torch.empty(split, m, n, dtype=torch.float32, device=out.device)
-    launch(_w8a16_gemm_kernel, grid, x, w, w_s, ws, r, m, n, k, split, SPLIT=True,
-           BF16=bf16, **flags, **_w8a16_meta(plan))
-    launch(_w8a16_reduce_kernel, (-(-m * n // 1024),), ws, r, _bits(out), m * n, split,
-           BLOCK=1024, **flags)
+    launch(_w8a16_gemm_kernel, grid, x, w, w_s, ws, r, m, n, k, split,
+           SPLIT=True, BF16=bf16, **flags, **_w8a16_meta(plan))
+    launch(_w8a16_reduce_kernel, (-(-m * n // 1024),), ws, r, _bits(out),
+           m * n, split, BLOCK=1024, **flags)
     return out
 
 # %% ../../book/appendix_h_w8a16.ipynb #c45543ad
 def _check_w8a16_weight(name, w, s_name, s, k, device, n=None):
-    "An [N, K] e4m3 weight (or its bytes) and its block scales. Returns (N, its bytes)."
+    """An [N, K] e4m3 weight (or its bytes) and its block scales.
+    Returns (N, its bytes)."""
     _check_rank(name, w, 2, "[N, K]")
     _check_tensor(name, w, (torch.uint8, FP8_DTYPE), device=device)
     if w.shape[1] != k or (n is not None and w.shape[0] != n):
-        raise ValueError(f"{name}: expected [{'N' if n is None else n}, {k}] (K of x), "
-                         f"got shape {list(w.shape)}")
-    _check_tensor(s_name, s, torch.float32, _scale_shape(w.shape[0], k), device)
+        raise ValueError(f"{name}: expected [{'N' if n is None else n}, {k}] "
+                         f"(K of x), got shape {list(w.shape)}")
+    _check_tensor(s_name, s, torch.float32, _scale_shape(w.shape[0], k),
+                  device)
     return w.shape[0], w.view(torch.uint8)
 
 
 def _check_w8a16_args(x, w, weight_scale_inv, residual, out, split_k):
-    "w8a16_gemm's arguments. Returns (M, N, K, w's bytes, the output dtype, out)."
+    """w8a16_gemm's arguments.
+    Returns (M, N, K, w's bytes, the output dtype, out)."""
     _check_rank("x", x, 2, "[M, K]")
     _check_tensor("x", x, (torch.bfloat16, torch.float16))
     (m, k) = x.shape
-    n, codes = _check_w8a16_weight("w", w, "weight_scale_inv", weight_scale_inv, k,
-                                   x.device)
+    n, codes = _check_w8a16_weight("w", w, "weight_scale_inv",
+                                   weight_scale_inv, k, x.device)
     _check_split_k(split_k)
     dtype = x.dtype if residual is None else torch.bfloat16
     if residual is not None:
         _check_rank("residual", residual, 2, f"[M, N] = [{m}, {n}]")
         _check_tensor("residual", residual, torch.bfloat16, (m, n), x.device)
     out = _check_out("out", out, dtype, (m, n), x.device)
-    _check_no_overlap([("out", out)], [("x", x), ("w", w), ("residual", residual),
+    _check_no_overlap([("out", out)], [("x", x), ("w", w),
+                                       ("residual", residual),
                                        ("weight_scale_inv", weight_scale_inv)],
                       alias_ok={("out", "residual")})
     _check_offsets("x, w", "an operand", m * k, n * k, m * n)
     return m, n, k, codes, dtype, out
 
 # %% ../../book/appendix_h_w8a16.ipynb #99438434
-def w8a16_gemm(x: torch.Tensor, w: torch.Tensor, weight_scale_inv: torch.Tensor, *,
-               residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
-               split_k: int | None = None, num_sms: int | None = None) -> torch.Tensor:
-    """x [M, K] (bf16 or fp16) @ the block-scaled e4m3 weight w [N, K] (float8_e4m3fn,
-    or its bytes as uint8): W8A16 from the weight's bytes, on every GPU from Turing on.
-    Returns [M, N] in x.dtype, the fp32 sum rounded once; with `residual` ([M, N]
-    bf16), `residual + that` rounded to bf16, as the reference rounds `h + y` (`out`
-    may be the residual itself). `split_k`, `num_sms` as in `fp8_gemm`."""
-    m, n, k, codes, dtype, out = _check_w8a16_args(x, w, weight_scale_inv, residual,
-                                                   out, split_k)
+def w8a16_gemm(x: torch.Tensor, w: torch.Tensor,
+               weight_scale_inv: torch.Tensor, *,
+               residual: torch.Tensor | None = None,
+               out: torch.Tensor | None = None, split_k: int | None = None,
+               num_sms: int | None = None) -> torch.Tensor:
+    """x [M, K] (bf16 or fp16) @ the block-scaled e4m3 weight w [N, K]
+    (float8_e4m3fn, or its bytes as uint8): W8A16 from the weight's bytes, on
+    every GPU from Turing on. Returns [M, N] in x.dtype, the fp32 sum rounded
+    once; with `residual` ([M, N] bf16), `residual + that` rounded to bf16, as
+    the reference rounds `h + y` (`out` may be the residual itself).
+    `split_k`, `num_sms` as in `fp8_gemm`."""
+    m, n, k, codes, dtype, out = _check_w8a16_args(x, w, weight_scale_inv,
+                                                   residual, out, split_k)
     if out is None:
         out = torch.empty(m, n, dtype=dtype, device=x.device)
     if m and n:
@@ -262,15 +284,16 @@ def _rmsnorm_act_kernel(h_ptr, w_ptr, x_ptr, D, stride_h, d_float, eps,
                         BLOCK_D: tl.constexpr, GAIN_BF16: tl.constexpr,
                         BF16: tl.constexpr):
     """One program per token: x = rms_norm(h) in the reference's order (as
-    `_rmsnorm_quant_kernel`), not quantized but stored in the activations' type (bf16
-    bits when BF16, else fp16). h, and a bf16 gain, are read as int16 bits."""
+    `_rmsnorm_quant_kernel`), not quantized but stored in the activations'
+    type (bf16 bits when BF16, else fp16). h, and a bf16 gain, are read as
+    int16 bits."""
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK_D)
     mask = cols < D
     h = _bf16_load(h_ptr + row * stride_h, cols, mask)
     mean_sq = tl.math.div_rn(tl.sum(h * h, axis=0), d_float)
     rstd = tl.math.div_rn(1.0, tl.math.sqrt_rn(mean_sq + eps))
-    xn = _round_to_bf16(h * rstd)                  # xf.to(bf16), as the reference does
+    xn = _round_to_bf16(h * rstd)  # xf.to(bf16), as the reference does
     if GAIN_BF16:
         x = _round_to_bf16(_bf16_load(w_ptr, cols, mask) * xn)
     else:
@@ -280,22 +303,24 @@ def _rmsnorm_act_kernel(h_ptr, w_ptr, x_ptr, D, stride_h, d_float, eps,
 # %% ../../book/appendix_h_w8a16.ipynb #6d99776d
 @triton.jit
 def _w8a16_swiglu_store(acc_g, acc_u, p_ptr, offs, mask, BF16: tl.constexpr):
-    """p = silu(g) * u, rounded where the w8a16 reference rounds: g and u to the
-    activations' type, silu(g), then the product; stored in that type."""
+    """p = silu(g) * u, rounded where the w8a16 reference rounds: g and u to
+    the activations' type, silu(g), then the product; stored in that type."""
     g, u = _round_act(acc_g, BF16), _round_act(acc_u, BF16)
     silu = _round_act(_swiglu(g, 1.0), BF16)
     _act_store(p_ptr, offs, _round_act(silu * u, BF16), mask, BF16)
 
 
 @triton.jit
-def _w8a16_gate_up_kernel(x_ptr, g_ptr, g_s_ptr, u_ptr, u_s_ptr, p_ptr, ws_ptr, M, F, K,
-                          splits, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          BLOCK_K: tl.constexpr, SUB_K: tl.constexpr,
-                          GROUP_M: tl.constexpr, SPLIT: tl.constexpr,
-                          BF16: tl.constexpr, UPCAST: tl.constexpr):
-    """p [M, F] = silu(x @ gate^T) * (x @ up^T) in the activations' type, from the
-    weights' bytes (gate, up: [F, K] codes, one fp32 scale per 128 x 128 block). SPLIT:
-    only the fp32 sums of g and u, into ws [splits, 2, M, F]."""
+def _w8a16_gate_up_kernel(x_ptr, g_ptr, g_s_ptr, u_ptr, u_s_ptr, p_ptr, ws_ptr,
+                          M, F, K, splits, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          SUB_K: tl.constexpr, GROUP_M: tl.constexpr,
+                          SPLIT: tl.constexpr, BF16: tl.constexpr,
+                          UPCAST: tl.constexpr):
+    """p [M, F] = silu(x @ gate^T) * (x @ up^T) in the activations' type,
+    from the weights' bytes (gate, up: [F, K] codes, one fp32 scale per
+    128 x 128 block). SPLIT: only the fp32 sums of g and u, into
+    ws [splits, 2, M, F]."""
     _, off_m, off_n, rm, rn, m_ok, n_ok, k_steps, lo, hi = _program_tile(
         M, F, K, splits, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
@@ -304,93 +329,106 @@ def _w8a16_gate_up_kernel(x_ptr, g_ptr, g_s_ptr, u_ptr, u_s_ptr, p_ptr, ws_ptr, 
         part_g, part_u = tl.zeros_like(acc_g), tl.zeros_like(acc_g)
         for j in tl.static_range(BLOCK_K // SUB_K):
             k = step * BLOCK_K + j * SUB_K + tl.arange(0, SUB_K)
-            part_g = _w8a16_part(x_ptr, g_ptr, K, rm, m_ok, rn, n_ok, k, part_g, BF16,
-                                 UPCAST)
-            part_u = _w8a16_part(x_ptr, u_ptr, K, rm, m_ok, rn, n_ok, k, part_u, BF16,
-                                 UPCAST)
+            part_g = _w8a16_part(x_ptr, g_ptr, K, rm, m_ok, rn, n_ok, k,
+                                 part_g, BF16, UPCAST)
+            part_u = _w8a16_part(x_ptr, u_ptr, K, rm, m_ok, rn, n_ok, k,
+                                 part_u, BF16, UPCAST)
         acc_g += part_g * _block_scale_at(g_s_ptr, off_n, k_steps, step)
         acc_u += part_u * _block_scale_at(u_s_ptr, off_n, k_steps, step)
     offs, mask = rm[:, None] * F + rn[None, :], m_ok[:, None] & n_ok[None, :]
     if SPLIT:
-        tl.store(ws_ptr + tl.program_id(1) * 2 * M * F + offs, acc_g, mask=mask)
-        tl.store(ws_ptr + (tl.program_id(1) * 2 + 1) * M * F + offs, acc_u, mask=mask)
+        tl.store(ws_ptr + tl.program_id(1) * 2 * M * F + offs, acc_g,
+                 mask=mask)
+        tl.store(ws_ptr + (tl.program_id(1) * 2 + 1) * M * F + offs, acc_u,
+                 mask=mask)
     else:
         _w8a16_swiglu_store(acc_g, acc_u, p_ptr, offs, mask, BF16)
 
 # %% ../../book/appendix_h_w8a16.ipynb #0a6d1724
 @triton.jit
-def _w8a16_swiglu_reduce_kernel(ws_ptr, p_ptr, numel, splits, BLOCK: tl.constexpr,
-                                BF16: tl.constexpr):
-    "Sum the gate/up partials ws [splits, 2, numel] in slice order, then SwiGLU."
+def _w8a16_swiglu_reduce_kernel(ws_ptr, p_ptr, numel, splits,
+                                BLOCK: tl.constexpr, BF16: tl.constexpr):
+    """Sum the gate/up partials ws [splits, 2, numel] in slice order,
+    then SwiGLU."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < numel
     acc_g = tl.load(ws_ptr + offs, mask=mask, other=0.0)
     acc_u = tl.load(ws_ptr + numel + offs, mask=mask, other=0.0)
     for s in range(1, splits):
         acc_g += tl.load(ws_ptr + 2 * s * numel + offs, mask=mask, other=0.0)
-        acc_u += tl.load(ws_ptr + (2 * s + 1) * numel + offs, mask=mask, other=0.0)
+        acc_u += tl.load(ws_ptr + (2 * s + 1) * numel + offs, mask=mask,
+                         other=0.0)
     _w8a16_swiglu_store(acc_g, acc_u, p_ptr, offs, mask, BF16)
 
 
 def _launch_w8a16_norm(h, gain, eps, x):
-    "x [M, d] (bf16 or fp16) = rms_norm(h [M, d] bf16, gain, eps), validated tensors."
+    """x [M, d] (bf16 or fp16) = rms_norm(h [M, d] bf16, gain, eps),
+    validated tensors."""
     m, d = h.shape
     block_d = max(1 << (d - 1).bit_length(), 128)
-    launch(_rmsnorm_act_kernel, (m,), _bits(h), _bits(gain), _bits(x), d, h.stride(0),
-           float(d), float(eps), BLOCK_D=block_d,
-           GAIN_BF16=gain.dtype == torch.bfloat16, BF16=x.dtype == torch.bfloat16,
+    launch(_rmsnorm_act_kernel, (m,), _bits(h), _bits(gain), _bits(x), d,
+           h.stride(0), float(d), float(eps), BLOCK_D=block_d,
+           GAIN_BF16=gain.dtype == torch.bfloat16,
+           BF16=x.dtype == torch.bfloat16,
            num_warps=8 if block_d >= 4096 else 4)
 
 
 def _launch_w8a16_gate_up(x, gate, gate_s, up, up_s, p, plan, ws=None):
-    """p = silu(x gate^T) * (x up^T) per `plan`, on validated tensors (weights as
-    uint8), with the reduction when the plan splits K; ws: an optional workspace."""
+    """p = silu(x gate^T) * (x up^T) per `plan`, on validated tensors
+    (weights as uint8), with the reduction when the plan splits K; ws: an
+    optional workspace."""
     (m, k), f, split = x.shape, p.shape[1], plan["split_k"]
     bf16, meta = x.dtype == torch.bfloat16, _w8a16_meta(plan)
     if split == 1:
-        launch(_w8a16_gate_up_kernel, (plan["tiles"], 1), x, gate, gate_s, up, up_s,
-               _bits(p), _bits(p), m, f, k, 1, SPLIT=False, BF16=bf16, **meta)
+        launch(_w8a16_gate_up_kernel, (plan["tiles"], 1), x, gate, gate_s,
+               up, up_s, _bits(p), _bits(p), m, f, k, 1, SPLIT=False,
+               BF16=bf16, **meta)
         return p
     if ws is None:
         ws = torch.empty(split, 2, m, f, dtype=torch.float32, device=p.device)
-    launch(_w8a16_gate_up_kernel, (plan["tiles"], split), x, gate, gate_s, up, up_s, ws,
-           ws, m, f, k, split, SPLIT=True, BF16=bf16, **meta)
-    launch(_w8a16_swiglu_reduce_kernel, (-(-m * f // 1024),), ws, _bits(p), m * f,
-           split, BLOCK=1024, BF16=bf16)
+    launch(_w8a16_gate_up_kernel, (plan["tiles"], split), x, gate, gate_s,
+           up, up_s, ws, ws, m, f, k, split, SPLIT=True, BF16=bf16, **meta)
+    launch(_w8a16_swiglu_reduce_kernel, (-(-m * f // 1024),), ws, _bits(p),
+           m * f, split, BLOCK=1024, BF16=bf16)
     return p
 
 # %% ../../book/appendix_h_w8a16.ipynb #3995b042
-def _check_w8a16_gate_up_args(x, gate_w, gate_scale, up_w, up_scale, out, split_k):
-    "w8a16_gate_up_swiglu's arguments. Returns (M, F, d, gate's bytes, up's, out)."
+def _check_w8a16_gate_up_args(x, gate_w, gate_scale, up_w, up_scale, out,
+                              split_k):
+    """w8a16_gate_up_swiglu's arguments.
+    Returns (M, F, d, gate's bytes, up's, out)."""
     _check_rank("x", x, 2, "[M, d]")
     _check_tensor("x", x, (torch.bfloat16, torch.float16))
     m, k = x.shape
-    f, gate = _check_w8a16_weight("gate_w", gate_w, "gate_scale", gate_scale, k,
-                                  x.device)
-    _, up = _check_w8a16_weight("up_w", up_w, "up_scale", up_scale, k, x.device, n=f)
+    f, gate = _check_w8a16_weight("gate_w", gate_w, "gate_scale", gate_scale,
+                                  k, x.device)
+    _, up = _check_w8a16_weight("up_w", up_w, "up_scale", up_scale, k,
+                                x.device, n=f)
     _check_split_k(split_k)
     out = _check_out("out", out, x.dtype, (m, f), x.device)
-    _check_no_overlap([("out", out)], [("x", x), ("gate_w", gate_w), ("up_w", up_w),
-                                       ("gate_scale", gate_scale),
-                                       ("up_scale", up_scale)])
+    _check_no_overlap([("out", out)],
+                      [("x", x), ("gate_w", gate_w), ("up_w", up_w),
+                       ("gate_scale", gate_scale), ("up_scale", up_scale)])
     _check_offsets("x, gate_w", "an operand", m * k, f * k, m * f)
     return m, f, k, gate, up, out
 
 # %% ../../book/appendix_h_w8a16.ipynb #988804a4
 def rmsnorm_act(h: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
                 dtype=torch.bfloat16, *, out: torch.Tensor | None = None):
-    """The W8A16 block's first launch: `rms_norm(h, weight, eps)` of [M, d] bf16 rows
-    in `dtype`, bf16 or fp16, not quantized. With a bf16 gain it is `rms_norm(h,
-    weight, eps).to(dtype)`, bit for bit under the interpreter (a GPU sums the squares
-    in another order: within chapter 7's 2 bf16 ulps); in fp16 a value of 65520 or
-    more becomes inf. `out`: an optional [M, d] buffer."""
+    """The W8A16 block's first launch: `rms_norm(h, weight, eps)` of [M, d]
+    bf16 rows in `dtype`, bf16 or fp16, not quantized. With a bf16 gain it is
+    `rms_norm(h, weight, eps).to(dtype)`, bit for bit under the interpreter
+    (a GPU sums the squares in another order: within chapter 7's 2 bf16
+    ulps); in fp16 a value of 65520 or more becomes inf. `out`: an optional
+    [M, d] buffer."""
     m, d = _check_rmsnorm_inputs(h, weight, eps, 128)
     if dtype not in (torch.bfloat16, torch.float16):
         raise ValueError("dtype: expected torch.bfloat16 or torch.float16, "
                          f"got {dtype!r}")
     out = _check_out("out", out, dtype, (m, d), h.device)
     _check_no_overlap([("out", out)], [("h", h), ("weight", weight)])
-    out = torch.empty(m, d, dtype=dtype, device=h.device) if out is None else out
+    out = (torch.empty(m, d, dtype=dtype, device=h.device) if out is None
+           else out)
     if m:
         _launch_w8a16_norm(h, weight, eps, out)
     return out
@@ -399,15 +437,18 @@ def rmsnorm_act(h: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6,
 def w8a16_gate_up_swiglu(x: torch.Tensor, gate_w: torch.Tensor,
                          gate_scale: torch.Tensor, up_w: torch.Tensor,
                          up_scale: torch.Tensor, *,
-                         out: torch.Tensor | None = None, split_k: int | None = None,
+                         out: torch.Tensor | None = None,
+                         split_k: int | None = None,
                          num_sms: int | None = None) -> torch.Tensor:
-    """p = silu(x @ gate^T) * (x @ up^T) from the weights' bytes: x [M, d] bf16 or fp16;
-    gate_w, up_w [F, d] e4m3 (or their bytes) with [ceil(F/128), ceil(d/128)] fp32
-    scales. Returns p [M, F] in x.dtype, rounded where the w8a16 reference rounds.
-    `out`: an optional buffer; `split_k`, `num_sms` as in `fp8_gemm`."""
-    m, f, k, gate, up, out = _check_w8a16_gate_up_args(x, gate_w, gate_scale, up_w,
-                                                       up_scale, out, split_k)
-    out = torch.empty(m, f, dtype=x.dtype, device=x.device) if out is None else out
+    """p = silu(x @ gate^T) * (x @ up^T) from the weights' bytes: x [M, d]
+    bf16 or fp16; gate_w, up_w [F, d] e4m3 (or their bytes) with
+    [ceil(F/128), ceil(d/128)] fp32 scales. Returns p [M, F] in x.dtype,
+    rounded where the w8a16 reference rounds. `out`: an optional buffer;
+    `split_k`, `num_sms` as in `fp8_gemm`."""
+    m, f, k, gate, up, out = _check_w8a16_gate_up_args(
+        x, gate_w, gate_scale, up_w, up_scale, out, split_k)
+    out = (torch.empty(m, f, dtype=x.dtype, device=x.device) if out is None
+           else out)
     if m and f:
         plan = _w8a16_plan_for("gate_up", m, f, k, x.device, split_k, num_sms)
         _launch_w8a16_gate_up(x, gate, gate_scale, up, up_scale, out, plan)
@@ -420,13 +461,15 @@ W8A16_BOUND = 5 * 2.0**-8
 
 # %% ../../book/appendix_h_w8a16.ipynb #17c4a719
 FP16_MAX = 65504.0
-#: Unit roundoffs (half an ulp at 1, rounding to nearest) of float32, fp16 and bf16.
+#: Unit roundoffs (half an ulp at 1, rounding to nearest) of float32, fp16
+#: and bf16.
 U32, U16, UBF16 = 2.0**-24, 2.0**-11, 2.0**-8
 
 
 def _rn(a: float, bits: int) -> float:
-    """a >= 0 rounded to nearest even with a `bits`-bit significand: since rounding
-    is monotone, the largest value that rounding gives for any input in [0, a]."""
+    """a >= 0 rounded to nearest even with a `bits`-bit significand: since
+    rounding is monotone, the largest value that rounding gives for any input
+    in [0, a]."""
     if not math.isfinite(a) or a == 0:
         return a
     m, e = math.frexp(a)
@@ -434,8 +477,8 @@ def _rn(a: float, bits: int) -> float:
 
 
 def _fp16(a: float) -> float:
-    """The largest fp16 value a store of any value in [0, a] gives: inf from 65520
-    on; below 2^-14, a multiple of the subnormal step 2^-24."""
+    """The largest fp16 value a store of any value in [0, a] gives: inf from
+    65520 on; below 2^-14, a multiple of the subnormal step 2^-24."""
     if math.isnan(a) or a >= 65520:
         return a if math.isnan(a) else math.inf
     return _rn(a, 11) if a >= 2.0**-14 else round(a * 2**24) * 2.0**-24
@@ -447,13 +490,15 @@ def _gamma(n: int) -> float:
 
 # %% ../../book/appendix_h_w8a16.ipynb #17c4a71a
 def _x_bounds(d: int, gain_max: float, eps: float, gain_bf16: bool) -> tuple:
-    """(largest |x|, largest ||x||) of rmsnorm_act's fp16 output over every input.
-    Exactly, |h_i| rstd <= ||h|| rstd <= sqrt(d). The float32 statistics (squares
-    rounded only below 2^-126, a sum, the mean, + eps, sqrt, 1/, the product) stretch
-    that by `a`; then bf16 rounds it, the gain multiplies, and the product is rounded
-    to bf16 (to float32 for a float32 gain) and stored in fp16."""
-    c = (1 - _gamma(d)) * (1 - U32) - (2.0**-149 / eps if eps > 0 else math.inf)
-    if not c > 0:                  # eps 0: a tiny h makes rstd as large as it likes
+    """(largest |x|, largest ||x||) of rmsnorm_act's fp16 output over every
+    input. Exactly, |h_i| rstd <= ||h|| rstd <= sqrt(d). The float32 statistics
+    (squares rounded only below 2^-126, a sum, the mean, + eps, sqrt, 1/, the
+    product) stretch that by `a`; then bf16 rounds it, the gain multiplies, and
+    the product is rounded to bf16 (to float32 for a float32 gain) and stored
+    in fp16."""
+    c = ((1 - _gamma(d)) * (1 - U32)
+         - (2.0**-149 / eps if eps > 0 else math.inf))
+    if not c > 0:  # eps 0: a tiny h makes rstd as large as it likes
         return math.inf, math.inf
     a = (1 + U32) ** 2 / ((1 - U32) ** 1.5 * math.sqrt(c)) * (1 + 2.0**-40)
     b = _rn(math.sqrt(d) * a, 8)                           # xn = bf16(h rstd)
@@ -464,27 +509,30 @@ def _x_bounds(d: int, gain_max: float, eps: float, gain_bf16: bool) -> tuple:
     return one, (norm if one < math.inf else math.inf)
 
 # %% ../../book/appendix_h_w8a16.ipynb #17c4a71b
-def fp16_bounds(norm_weight: torch.Tensor, gate: torch.Tensor, gate_scale: torch.Tensor,
-                up: torch.Tensor, up_scale: torch.Tensor, rows: int = 1024,
+def fp16_bounds(norm_weight: torch.Tensor, gate: torch.Tensor,
+                gate_scale: torch.Tensor, up: torch.Tensor,
+                up_scale: torch.Tensor, rows: int = 1024,
                 eps: float = 1e-6) -> dict:
-    """Bounds on |x|, |g|, |u| and |p| of the W8A16 block in fp16 over every input
-    (the text's argument, with each of the kernels' roundings; float64): the largest
-    value each can store, or inf where it can overflow. Below FP16_MAX a value is
-    finite for every input. eps: the norm's. Weights are read `rows` at a time. The
-    sums' n = d + ceil(d/128) + 2 roundings per term hold for any order of float32
-    additions; a GPU's tensor cores add far fewer times per term, even truncating."""
+    """Bounds on |x|, |g|, |u| and |p| of the W8A16 block in fp16 over every
+    input (the text's argument, with each of the kernels' roundings; float64):
+    the largest value each can store, or inf where it can overflow. Below
+    FP16_MAX a value is finite for every input. eps: the norm's. Weights are
+    read `rows` at a time. The sums' n = d + ceil(d/128) + 2 roundings per term
+    hold for any order of float32 additions; a GPU's tensor cores add far fewer
+    times per term, even truncating."""
     _check_rank("norm_weight", norm_weight, 1, "[d]")
     _check_tensor("norm_weight", norm_weight, (torch.bfloat16, torch.float32))
     d = norm_weight.shape[0]
     f, gate = _check_w8a16_weight("gate", gate, "gate_scale", gate_scale, d,
                                   norm_weight.device)
-    _, up = _check_w8a16_weight("up", up, "up_scale", up_scale, d, norm_weight.device,
-                                f)
+    _, up = _check_w8a16_weight("up", up, "up_scale", up_scale, d,
+                                norm_weight.device, f)
     gain_max = norm_weight.detach().abs().max().double().item()
-    x, x_norm = _x_bounds(d, gain_max, eps, norm_weight.dtype == torch.bfloat16)
+    x, x_norm = _x_bounds(d, gain_max, eps,
+                          norm_weight.dtype == torch.bfloat16)
 
-    def row_norm(codes, s):                          # NaN anywhere: NaN, not dropped
-        norms, step = [], max(128, rows // 128 * 128)        # whole scale blocks
+    def row_norm(codes, s):  # NaN anywhere: NaN, not dropped
+        norms, step = [], max(128, rows // 128 * 128)  # whole scale blocks
         for r0 in range(0, codes.shape[0], step):
             r1 = min(r0 + step, codes.shape[0])
             sc = s[r0 // 128:-(-r1 // 128)].double().repeat_interleave(128, 0)
@@ -496,5 +544,5 @@ def fp16_bounds(norm_weight: torch.Tensor, gate: torch.Tensor, gate_scale: torch
     dot = (1 + _gamma(d + -(-d // 128) + 2)) * x_norm         # float32 sums
     g, u = (_fp16(dot * row_norm(c, s)) for c, s in ((gate, gate_scale),
                                                       (up, up_scale)))
-    p = _fp16(g * u * (1 + U32))     # fp16(silu(g)) <= g; the product, rounded twice
+    p = _fp16(g * u * (1 + U32))  # fp16(silu(g)) <= g; product rounded twice
     return {"x": x, "g": g, "u": u, "p": p}
