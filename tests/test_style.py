@@ -30,6 +30,38 @@ def test_code_lines_fit_the_column(path):
     assert not long, f"{path.name}: (cell, length) of lines over {LINE_LENGTH}: {long}"
 
 
+#: A fenced block of a markdown cell or page: ``` or ~~~, its info string, its lines.
+FENCE = re.compile(r"^(```|~~~)(.*?)\n(.*?)^\1", re.S | re.M)
+
+
+def fenced_code(text: str):
+    """The lines of a markdown text's fenced code blocks. A fence whose info string is a
+    directive (`{admonition}`, `{dropdown}`, ...) holds prose, which the page wraps."""
+    for m in FENCE.finditer(text):
+        if not m.group(2).strip().startswith("{"):
+            yield from m.group(3).splitlines()
+
+
+def test_fenced_code_finds_code_not_directives():
+    text = "```python\nx = 1\n```\n\n```{admonition} Note\nprose\n```\n~~~bash\nls\n~~~\n"
+    assert list(fenced_code(text)) == ["x = 1", "ls"]
+
+
+PAGES = NOTEBOOKS + sorted((ROOT / "book").glob("*.md"))
+
+
+@pytest.mark.parametrize("path", PAGES, ids=lambda p: p.name)
+def test_fenced_code_in_prose_fits_the_column(path):
+    """Code shown inside markdown (commands, sketches, usage) is code on the page too."""
+    if path.suffix == ".ipynb":
+        texts = ["".join(c["source"]) for c in json.loads(path.read_text())["cells"]
+                 if c["cell_type"] == "markdown"]
+    else:
+        texts = [path.read_text()]
+    long = [line for text in texts for line in fenced_code(text) if len(line) > LINE_LENGTH]
+    assert not long, f"{path.name}: fenced code lines over {LINE_LENGTH}: {long}"
+
+
 #: Tags under which Jupyter Book collapses or removes a cell's code: the reader opens it
 #: on purpose, so its length is not a page the reader has to scroll past.
 HIDDEN = {"hide-input", "hide-cell", "remove-input", "remove-cell"}
