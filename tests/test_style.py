@@ -30,21 +30,30 @@ def test_code_lines_fit_the_column(path):
     assert not long, f"{path.name}: (cell, length) of lines over {LINE_LENGTH}: {long}"
 
 
-#: A fenced block of a markdown cell or page: ``` or ~~~, its info string, its lines.
-FENCE = re.compile(r"^(```|~~~)(.*?)\n(.*?)^\1", re.S | re.M)
+#: A fenced block of a markdown cell or page: its indent, a fence of 3 or more ` or ~, its
+#: info string and its lines, up to a closing fence of the same indent, character and length.
+FENCE = re.compile(r"^([ \t]*)(`{3,}|~{3,})(.*?)\n(.*?)^\1\2[ \t]*$", re.S | re.M)
+#: Directives whose body is code; every other directive (`{admonition}`, `{dropdown}`, ...)
+#: holds prose, which the page wraps.
+CODE_DIRECTIVES = ("{code-block}", "{code}", "{code-cell}", "{literalinclude}")
 
 
 def fenced_code(text: str):
-    """The lines of a markdown text's fenced code blocks. A fence whose info string is a
-    directive (`{admonition}`, `{dropdown}`, ...) holds prose, which the page wraps."""
+    """The lines of a markdown text's fenced code blocks, also those inside a directive's
+    fence (a 4-backtick admonition holding a 3-backtick block, say)."""
     for m in FENCE.finditer(text):
-        if not m.group(2).strip().startswith("{"):
-            yield from m.group(3).splitlines()
+        info, body = m.group(3).strip(), m.group(4)
+        if not info.startswith("{") or info.startswith(CODE_DIRECTIVES):
+            yield from body.splitlines()
+        else:
+            yield from fenced_code(body)
 
 
 def test_fenced_code_finds_code_not_directives():
-    text = "```python\nx = 1\n```\n\n```{admonition} Note\nprose\n```\n~~~bash\nls\n~~~\n"
-    assert list(fenced_code(text)) == ["x = 1", "ls"]
+    text = ("```python\nx = 1\n```\n\n```{admonition} Note\nprose\n```\n~~~bash\nls\n~~~\n"
+            "````{dropdown} Solution\nwords\n```\ny = 2\n```\n````\n"
+            "- a list item:\n\n  ```\n  z = 3\n  ```\n```{code-block} python\nw = 4\n```\n")
+    assert list(fenced_code(text)) == ["x = 1", "ls", "y = 2", "  z = 3", "w = 4"]
 
 
 PAGES = NOTEBOOKS + sorted((ROOT / "book").glob("*.md"))
