@@ -14,9 +14,10 @@ __all__ = ['HIDDEN', 'INTERMEDIATE', 'DECODE_SHARE', 'BENCH_M',
            'HOST_TARGET_US', 'W8A16_PROVIDERS', 'W8A16_DECODE_M',
            'W8A16_FLOOR_RATIO', 'W8A16_BF16_SPEEDUP', 'NO_MEASUREMENT',
            'ffn_flop', 'ffn_min_bytes', 'roofline_floor_s', 'datasheet_gpus',
-           'decode_floor_s', 'prefill_floor_s', 'gpu_floor_s', 'timings',
-           'torch_bf16_launch_costs', 'predicted_record', 'check_targets',
-           'host_target', 'fused_path', 'find_gpu', 'w8a16_targets']
+           'decode_floor_s', 'prefill_floor_s', 'gpu_floor_s',
+           'compute_bound_from', 'timings', 'torch_bf16_launch_costs',
+           'predicted_record', 'check_targets', 'host_target', 'fused_path',
+           'find_gpu', 'w8a16_targets']
 
 # %% ../book/11_benchmarks.ipynb #35856041
 HIDDEN, INTERMEDIATE = 7168, 18432
@@ -98,6 +99,17 @@ def gpu_floor_s(gpu: dict, m: int) -> float:
     lower bound, where no rate is recorded."""
     compute = prefill_floor_s(gpu, m) or 0.0
     return max(decode_floor_s(m, gpu["hbm_bytes_per_s"]), compute)
+
+
+def compute_bound_from(gpu: dict) -> int | None:
+    """The fewest tokens m at which the arithmetic floor on `gpu` reaches the
+    bandwidth floor; None where the entry records no rate."""
+    if gpu[gpu["rate_key"]] is None:
+        return None
+    m = 1
+    while prefill_floor_s(gpu, m) < decode_floor_s(m, gpu["hbm_bytes_per_s"]):
+        m += 1
+    return m
 
 # %% ../book/11_benchmarks.ipynb #0fd8ecc7
 def timings(record: dict) -> dict[str, tuple[list[int], list[float]]]:

@@ -51,11 +51,10 @@ UNIT = {"fp8_flop_per_s": "FP8 tensor cores", "bf16_flop_per_s": "bf16 tensor co
 def gpu_row(g: dict) -> list[str]:
     """A GPU's row of the notation page's datasheet table, computed as chapter 11 computes
     its floors: GPU, unit, rate, bandwidth, ridge, floors at M = 1 and 4096, crossing."""
-    from kimi_mlp.bench import decode_floor_s, gpu_floor_s, prefill_floor_s
+    from kimi_mlp.bench import compute_bound_from, gpu_floor_s
     rate, bw = g[g["rate_key"]], g["hbm_bytes_per_s"]
     mark = "" if rate else "≥ "                   # no rate: the bandwidth floor alone
-    cross = "unknown" if rate is None else "$M = {}$".format(next(
-        m for m in range(1, 10**5) if prefill_floor_s(g, m) >= decode_floor_s(m, bw)))
+    cross = "unknown" if rate is None else f"$M = {compute_bound_from(g)}$"
     return [g["name"], UNIT[g["rate_key"]],
             "none recorded" if rate is None else f"{rate / 1e12:,.4g}",
             f"{bw / 1e9:,.0f}", "unknown" if rate is None else f"{rate / bw:.0f}",

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from book_markdown import fenced_code
 
 ROOT = Path(__file__).resolve().parent.parent
 # [tool.ruff] line-length, read without tomllib (Python 3.11+) since the package allows 3.10.
@@ -28,25 +29,6 @@ def test_code_lines_fit_the_column(path):
     long = [(i, len(line)) for i, _, src in code_cells(path)
             for line in src.splitlines() if len(line) > LINE_LENGTH]
     assert not long, f"{path.name}: (cell, length) of lines over {LINE_LENGTH}: {long}"
-
-
-#: A fenced block of a markdown cell or page: its indent, a fence of 3 or more ` or ~, its
-#: info string and its lines, up to a closing fence of the same indent, character and length.
-FENCE = re.compile(r"^([ \t]*)(`{3,}|~{3,})(.*?)\n(.*?)^\1\2[ \t]*$", re.S | re.M)
-#: Directives whose body is code; every other directive (`{admonition}`, `{dropdown}`, ...)
-#: holds prose, which the page wraps.
-CODE_DIRECTIVES = ("{code-block}", "{code}", "{code-cell}", "{literalinclude}")
-
-
-def fenced_code(text: str):
-    """The lines of a markdown text's fenced code blocks, also those inside a directive's
-    fence (a 4-backtick admonition holding a 3-backtick block, say)."""
-    for m in FENCE.finditer(text):
-        info, body = m.group(3).strip(), m.group(4)
-        if not info.startswith("{") or info.startswith(CODE_DIRECTIVES):
-            yield from body.splitlines()
-        else:
-            yield from fenced_code(body)
 
 
 def test_fenced_code_finds_code_not_directives():
