@@ -128,25 +128,44 @@ def test_run_notebook_keeps_outputs_and_stops_at_the_first_error(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the smoke run is the CPU's")
 def test_gpu_report_smoke_dry_runs_the_report_notebooks(tmp_path):
-    """The GPU report end to end without a GPU: the smoke GPU check, chapters 7-11 and
-    appendix H executed in a dry run (their GPU code, at the small widths, through the
-    interpreter) and the smoke sweep; every step must pass and everything lands under --out
-    (the notebooks and five files). A smoke run has no time limit, so the machine's load cannot fail it."""
-    rc = report.gpu_report_main(["--cpu-smoke", "--out", str(tmp_path)])
-    record = json.loads((tmp_path / "gpu-report.json").read_text())
-    (run,) = record["runs"]
-    failed = [s for s in run["steps"] if not s["ok"]]
-    assert rc == 0 and not failed, failed
-    assert [s["step"] for s in run["steps"]] == [
+    """The GPU report end to end without a GPU, as `python -m kimi_mlp gpu-report` in a
+    Python that can import only what `pip install kimi-mlp[report]` installs (no IPython,
+    no Jupyter, no transformers: tests/installs.py), as on a GPU machine with a bare CUDA
+    PyTorch: the smoke GPU check, chapters 7-11 and appendix H executed in a dry run
+    (their GPU code, at the small widths, through the interpreter) and the smoke sweep;
+    every step must pass and everything lands under --out (the notebooks and five files),
+    the chapters' figures and Markdown tables among the executed notebooks' outputs. A
+    smoke run has no time limit, so the machine's load cannot fail it."""
+    import os
+    from installs import only_declared
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(only_declared(tmp_path / "site", ("report",)))
+    out = tmp_path / "out"
+    bare = subprocess.run([sys.executable, "-c", "import IPython"], env=env,
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert "No module named 'IPython'" in bare.stderr            # the block holds
+    run = subprocess.run([sys.executable, "-m", "kimi_mlp", "gpu-report", "--cpu-smoke",
+                          "--out", str(out)], env=env, capture_output=True, text=True,
+                         cwd=tmp_path, timeout=1800)
+    record = json.loads((out / "gpu-report.json").read_text())
+    (run_,) = record["runs"]
+    failed = [s for s in run_["steps"] if not s["ok"]]
+    assert run.returncode == 0 and not failed, (failed, run.stderr[-3000:])
+    assert [s["step"] for s in run_["steps"]] == [
         "gpucheck", *(f"notebook {n}" for n in report.REPORT_NOTEBOOKS), "bench"]
     assert report.REPORT_NOTEBOOKS[:3] == ("07_triton.ipynb", "08_gemm.ipynb",
                                            "09_epilogues.ipynb")
-    files = sorted(p.name for p in tmp_path.iterdir())
+    files = sorted(p.name for p in out.iterdir())
     assert len(files) <= 5 + len(report.REPORT_NOTEBOOKS) and "08_gemm.ipynb" in files
-    nb = json.loads((tmp_path / "08_gemm.ipynb").read_text())
+    nb = json.loads((out / "08_gemm.ipynb").read_text())
     text = "".join(o.get("text", "") for c in nb["cells"] if c["cell_type"] == "code"
                    for o in c["outputs"])
     assert "a dry run of the GPU code" in text and "ran, not timed" in text
+    for name, kind in (("07_triton.ipynb", "image/png"),
+                       ("11_benchmarks.ipynb", "text/markdown")):
+        cells = json.loads((out / name).read_text())["cells"]
+        assert any(kind in o.get("data", {}) for c in cells if c["cell_type"] == "code"
+                   for o in c["outputs"]), (name, kind)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's dry run")

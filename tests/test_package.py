@@ -275,6 +275,20 @@ def test_the_wheel_installs_every_module(tmp_path):
     missing = expected - set(ast.literal_eval(imported))
     assert not missing, f"not imported from the wheel: {sorted(missing)}"
 
+    # gpu-report from the installed copy: the notebooks are skipped in one line that
+    # says why and what to run instead, the step it could run passes, and it exits 0
+    report = subprocess.run([str(python), "-m", "kimi_mlp", "gpu-report", "--cpu-smoke",
+                             "--steps", "gpucheck,notebooks", "--m", "1",
+                             "--out", str(tmp_path / "report")],
+                            cwd=outside, env=env, capture_output=True, text=True,
+                            timeout=600)
+    lines = report.stdout.splitlines()
+    assert report.returncode == 0, (report.stdout[-2000:], report.stderr[-2000:])
+    (skip,) = [line for line in lines if line.startswith("notebooks: ")]
+    assert "an installed copy" in skip and "--steps notebooks" in skip, skip
+    assert "gpucheck: passed" in lines and lines[-1].startswith(
+        "gpu-report: every step it could run passed"), lines
+
 
 def test_every_kernel_module_is_short():
     """Each module of `kimi_mlp.kernels` is one chapter's idea (or one appendix's), short

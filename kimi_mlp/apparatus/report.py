@@ -66,10 +66,11 @@ def _figure_output(fig) -> dict:
     }
 
 
-def _install_display(current: list) -> None:
-    """Route `IPython.display.display` (a stand-in module when IPython is not
-    installed) and `plt.show` into the outputs of the running cell,
-    `current[0]`."""
+def _install_display(current: list) -> dict | None:
+    """Route `IPython.display.display` and `plt.show` into the outputs of the
+    running cell, `current[0]`. Without IPython: returns builtins for the
+    cells, whose `from IPython.display import ...` gets a stand-in (None when
+    IPython is installed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -94,30 +95,44 @@ def _install_display(current: list) -> None:
             current[0].append(_figure_output(plt.figure(num)))
         plt.close("all")
 
+    plt.show = show
     try:
         import IPython.display as ipd
         import IPython.core.display_functions as idf
+    except ImportError:  # a bare environment: the cells get a stand-in
+        return _builtins_with_display(display)
+    for module in (ipd, idf):
+        setattr(module, "display", display)
+    return None
 
-        for module in (ipd, idf):
-            setattr(module, "display", display)
-    except ImportError:  # a bare environment: a stand-in
-        import types
 
-        class Markdown:
-            def __init__(self, data):
-                self.data = data
+class _Markdown:
+    "IPython's Markdown, as far as the chapters use it."
 
-            def _repr_markdown_(self):
-                return self.data
+    def __init__(self, data):
+        self.data = data
 
-        stub, stub_display = types.ModuleType("IPython"), types.ModuleType(
-            "IPython.display")
-        for module, name, value in ((stub_display, "Markdown", Markdown),
-                                    (stub_display, "display", display),
-                                    (stub, "display", stub_display)):
-            setattr(module, name, value)
-        sys.modules.update({"IPython": stub, "IPython.display": stub_display})
-    plt.show = show
+    def _repr_markdown_(self):
+        return self.data
+
+
+def _builtins_with_display(display) -> dict:
+    """Builtins whose `__import__` answers `from IPython.display import ...`
+    with a stand-in (`display`, `Markdown`). Only the cells run with them:
+    `sys.modules` gets no module named IPython, so libraries that look for
+    one (matplotlib does) still find none."""
+    import builtins
+    import types
+
+    stand_in = types.ModuleType("IPython.display")
+    stand_in.display, stand_in.Markdown = display, _Markdown
+    real = builtins.__import__
+
+    def cells_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if name == "IPython.display" and fromlist and not level:
+            return stand_in
+        return real(name, globals, locals, fromlist, level)
+    return {**vars(builtins), "__import__": cells_import}
 
 
 def _error_output(e: BaseException) -> dict:
@@ -148,7 +163,7 @@ def _run_notebook_here(src: Path, dst: Path) -> dict:
     dst = Path(dst).resolve()
     os.chdir(Path(src).resolve().parent)
     current = [[]]
-    _install_display(current)
+    cell_builtins = _install_display(current)
     import matplotlib.pyplot as plt
 
     for cell in nb["cells"]:
@@ -158,6 +173,8 @@ def _run_notebook_here(src: Path, dst: Path) -> dict:
         json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
     write()
     namespace, count, failed = {"__name__": "__main__"}, 0, None
+    if cell_builtins is not None:
+        namespace["__builtins__"] = cell_builtins
     for i, cell in enumerate(nb["cells"]):
         if cell["cell_type"] != "code":
             continue
@@ -337,8 +354,7 @@ def _report_notebook(report: _Report, args, name: str) -> None:
     src, step = _package_dir().parent / "book" / name, f"notebook {name}"
     left = report.left()
     if not src.is_file():
-        why = (f"{src} not found (an installed copy of the package has no "
-               "notebooks: run from a clone)")
+        why = f"{src} not found"
         report.add({"step": step, "ok": False, "skipped": True, "reason": why})
     elif left is not None and left < 30:
         why = f"{left:.0f} s of the budget left, fewer than 30"
@@ -354,6 +370,17 @@ def _report_notebook(report: _Report, args, name: str) -> None:
                                  f"{s['failed']['error']}"))
 
 
+def _report_no_book(report: _Report, args, _) -> None:
+    "An installed copy has no notebooks: one line, and the step is not run."
+    why = ("skipped: an installed copy of kimi_mlp has no notebooks; to run "
+           "them, install the package from a clone of the book's repository "
+           "(pip install -e '.[report]') and run gpu-report --steps notebooks "
+           "there")
+    report.add({"step": "notebooks", "ok": None, "skipped": True,
+                "reason": why})
+    report.say(f"notebooks: {why}")
+
+# %% ../../book/appendix_c_measuring.ipynb #df947306
 def _report_bench(report: _Report, args, commit: list) -> None:
     from kimi_mlp.apparatus import harness  # imports kimi_mlp.kernels
     left, t = report.left(), time.perf_counter()
@@ -380,9 +407,9 @@ def _report_bench(report: _Report, args, commit: list) -> None:
 
 # %% ../../book/appendix_c_measuring.ipynb #5c45efcd
 def gpu_report_main(argv=None) -> int:
-    """`python -m kimi_mlp gpu-report --out DIR`: 0 when every step passed, 1
-    when one failed, 3 when refused (no GPU and no --cpu-smoke), 130 when
-    interrupted."""
+    """`python -m kimi_mlp gpu-report --out DIR`: 0 when every step it could
+    run passed (an installed copy skips the notebooks), 1 when one failed, 3
+    when refused (no GPU and no --cpu-smoke), 130 when interrupted."""
     args = _gpu_report_parser().parse_args(argv)
     from kimi_mlp.cli import EXIT_NO_GPU, Progress, needs
     needs("triton"), needs("matplotlib")  # the kernels; the notebooks' figures
@@ -402,7 +429,10 @@ def gpu_report_main(argv=None) -> int:
     steps = []  # (step, its last argument), in order
     if "gpucheck" in args.steps:
         steps.append((_report_gpucheck, commit))
-    if "notebooks" in args.steps:
+    if "notebooks" in args.steps and not (_package_dir().parent
+                                          / "book").is_dir():
+        steps.append((_report_no_book, None))   # an installed copy
+    elif "notebooks" in args.steps:
         steps += [(_report_notebook, name) for name in args.notebooks]
     if "bench" in args.steps:
         steps.append((_report_bench, commit))
@@ -417,11 +447,13 @@ def gpu_report_main(argv=None) -> int:
                               "one recorded; its files hold what it finished"})
         report.say("gpu-report: INTERRUPTED; files in " + str(out))
         return 130
-    ok = all(s["ok"] for s in report.run["steps"])
-    report.say("gpu-report: "
-               f"{'every step passed' if ok else 'SOME STEPS FAILED'} in "
+    ran = [s["ok"] for s in report.run["steps"] if s["ok"] is not None]
+    verdict = ("SOME STEPS FAILED" if not all(ran) else "every step passed"
+               if len(ran) == len(report.run["steps"])
+               else "every step it could run passed")
+    report.say(f"gpu-report: {verdict} in "
                f"{time.perf_counter() - report.t0:.0f} s; files in {out}")
-    return 0 if ok else 1
+    return 0 if all(ran) else 1
 
 
 def main(argv=None) -> int:
