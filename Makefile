@@ -7,6 +7,9 @@
 
 PYTHON ?= python3
 VENV   ?= .venv
+# PyTorch's CPU builds. On Linux, PyPI's torch is a CUDA build of several GB; nothing here
+# needs a GPU, so torch comes from this index first, where the machine can reach it.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 TRITON36 := $(VENV)/triton36
@@ -18,6 +21,10 @@ all: test
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	if $(PY) -c "import socket, sys, urllib.parse as u; \
+	    socket.getaddrinfo(u.urlsplit(sys.argv[1]).hostname, 443)" $(TORCH_INDEX) 2>/dev/null; \
+	then $(PY) -m pip install -q --index-url $(TORCH_INDEX) $$(grep -o '^torch==[^ ]*' requirements.txt); \
+	else echo "$(TORCH_INDEX) is out of reach: torch comes with requirements.txt"; fi
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -e .
 	# triton 3.6 beside the venv's own, for appendix F's check that the Gluon kernels

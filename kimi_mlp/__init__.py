@@ -5,6 +5,8 @@ this file, written by hand, gathers the public API. Modules that need Triton
 (kernels, fused, parallel, hf) are not imported here: `import kimi_mlp` needs
 only torch, safetensors and numpy.
 """
+from importlib.util import find_spec as _find_spec
+
 from .safetensors_io import CheckpointError, read_safetensors_header
 from .config import KimiK2Config, count_parameters, dense_mlp_parameters
 from .rmsnorm import RMSNorm, rms_norm
@@ -39,9 +41,42 @@ _LAZY = {"FusedFp8DenseMLP": "fused", "fused_ffn_block": "fused",
          "Target": "kernels", "compile_only": "kernels"}
 
 
+#: What each lazy module needs beyond the base install, and the extra that
+#: brings it.
+_NEEDS = {"triton": "kernels"}
+
+
 def __getattr__(name):
     if name in _LAZY:
         import importlib
-        return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"),
-                       name)
+        try:
+            module = importlib.import_module(f"{__name__}.{_LAZY[name]}")
+        except ModuleNotFoundError as e:   # the base install: one line
+            package = (e.name or "").partition(".")[0]
+            if package not in _NEEDS:
+                raise
+            raise ModuleNotFoundError(
+                f"kimi_mlp.{name} needs {package}, which is not installed: "
+                f"pip install 'kimi-mlp[{_NEEDS[package]}]'",
+                name=package) from None
+        return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+__all__ = [
+    "CheckpointError", "read_safetensors_header",
+    "KimiK2Config", "count_parameters", "dense_mlp_parameters",
+    "RMSNorm", "rms_norm", "GeluMLP", "ResidualBlock",
+    "DenseMLP", "silu", "swiglu",
+    "ACT_AMAX_EPS", "FP8_MAX", "Fp8DenseMLP", "Fp8Linear",
+    "dequantize_weight_blockwise", "fp8_linear_w8a8", "fp8_linear_w8a16",
+    "fp8_matmul_blockwise", "quantize_activation", "quantize_weight_blockwise",
+    "load_dense_block", "write_synthetic_checkpoint",
+    # the lazy names, where Triton is installed: without it,
+    # `from kimi_mlp import *` still works, and the names raise the line above
+    *(_LAZY if _find_spec("triton") is not None else ()),
+]

@@ -31,9 +31,9 @@ from kimi_mlp.safetensors_io import (
 
 # %% auto #0
 __all__ = ['KIMI_SHARD_NAME', 'K2_0905_SHARD_NAME', 'GAIN_DTYPES',
-           'SMALL_CONFIG', 'SCALE_RANGE', 'CHECK_ORACLES', 'CHECK_BOUNDS',
-           'check_fp8_format', 'dense_block_tensors', 'synthetic_weight',
-           'synthetic_norm_gain', 'synthetic_shards',
+           'SMALL_CONFIG', 'PROGRESS_BYTES', 'SCALE_RANGE', 'CHECK_ORACLES',
+           'CHECK_BOUNDS', 'check_fp8_format', 'dense_block_tensors',
+           'synthetic_weight', 'synthetic_norm_gain', 'synthetic_shards',
            'write_synthetic_checkpoint', 'read_tensors', 'load_dense_block',
            'dense_block_float64', 'dense_block_w8a8_float64', 'relative_error']
 
@@ -209,6 +209,20 @@ def _save(tmp: Path, files: list[str], shards: list[dict],
         json.dumps(config.to_dict(), indent=2) + "\n")
     return total
 
+# %% ../book/06_checkpoint.ipynb #9779809f
+#: From this many bytes of weights on, the writer says what it does unless told
+#: not to: a full-size dense layer is 378 MiB, the default small one 0.5 MiB.
+PROGRESS_BYTES = 2**26
+
+
+def _progress(progress: bool | None, config: KimiK2Config, num_layers: int):
+    "The writer's `say`: print, or nothing (None: by PROGRESS_BYTES)."
+    if progress is None:
+        weights = 3 * config.hidden_size * config.intermediate_size
+        progress = weights * num_layers >= PROGRESS_BYTES
+    return (functools.partial(print, flush=True) if progress
+            else (lambda msg: None))
+
 # %% ../book/06_checkpoint.ipynb #dae8b0fd
 def write_synthetic_checkpoint(path, config: KimiK2Config | None = None,
                                num_layers: int = 1, seed: int = 0,
@@ -217,14 +231,15 @@ def write_synthetic_checkpoint(path, config: KimiK2Config | None = None,
                                norm_separate: bool = False,
                                shard_name: str = KIMI_SHARD_NAME,
                                extra_tensors: dict | None = None,
-                               progress: bool = False) -> Path:
+                               progress: bool | None = None) -> Path:
     """Write a Kimi-format FP8 checkpoint of `num_layers` layers' FFN tensors
     to the new directory `path`, laid out by `synthetic_shards`. config: sizes
     and quantization (default hidden 256, intermediate 640; `full_size=True`:
     the real 7168 / 18432). Shards are named by `shard_name`
     (`KIMI_SHARD_NAME` or `K2_0905_SHARD_NAME`); `single_file` writes one
     `model.safetensors` and no index. `extra_tensors` (name -> (shape, dtype),
-    zero-filled) join layer 0's file. Returns `path`."""
+    zero-filled) join layer 0's file. `progress`: a line per step on stdout
+    (None: if the weights pass 64 MiB, as full size does). Returns `path`."""
     path = as_path(path, "path")
     config = _writer_config(config, num_layers, seed, full_size)
     n_files = 1 if single_file else num_layers + bool(norm_separate)
@@ -232,8 +247,7 @@ def write_synthetic_checkpoint(path, config: KimiK2Config | None = None,
              else shard_file_names(shard_name, n_files))
     extra = check_extra_tensors(
         extra_tensors, lambda name: _made_by_the_writer(name, num_layers))
-    say = (functools.partial(print, flush=True) if progress
-           else (lambda msg: None))
+    say = _progress(progress, config, num_layers)
     with atomic_directory(path, log=say) as tmp:
         shards = synthetic_shards(config, n_files, seed,
                                   single_file=single_file,

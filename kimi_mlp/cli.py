@@ -33,21 +33,26 @@ __all__ = ['COMMANDS', 'EXTERNAL_COMMANDS', 'EXIT_OK', 'EXIT_FAILED',
 # %% ../book/appendix_b_cli.ipynb #6d35a103
 # name -> (help, add_args, run)
 COMMANDS: dict[str, tuple[str, object, object]] = {}
-EXTERNAL_COMMANDS: dict[str, tuple[str, str]] = {  # name -> (module, help)
-    "bench": ("kimi_mlp.apparatus.harness",
-              "GPU benchmarks (chapter 11, appendix E)"),
-    "gpu-report": (
-        "kimi_mlp.apparatus.report",
-        "everything that needs a GPU, in one run (appendix C)",
-    ),
-    "inspect": ("kimi_mlp.apparatus.codegen",
-                "the kernels compiled for a GPU (appendix D)"),
-    "tune": ("kimi_mlp.apparatus.tune",
-             "this GPU's tile table, timed -> JSON (appendix E)"),
-    "tp-check": (
-        "kimi_mlp.parallel",
-        "the block split across ranks, under torchrun (ch. 12)",
-    ),
+# name -> (help, "module:function" that builds its parser, one that runs it)
+EXTERNAL_COMMANDS: dict[str, tuple[str, str, str]] = {
+    "bench": ("GPU benchmarks (chapter 11, appendix E)",
+              "kimi_mlp.apparatus.harness_cli:bench_parser",
+              "kimi_mlp.apparatus.harness:main"),
+    "gpucheck": ("the block checked and timed at Kimi K2's shapes (app. C)",
+                 "kimi_mlp.apparatus.gpu_check:_gpucheck_parser",
+                 "kimi_mlp.apparatus.gpu_check:gpucheck_main"),
+    "gpu-report": ("everything that needs a GPU, in one run (appendix C)",
+                   "kimi_mlp.apparatus.report:_gpu_report_parser",
+                   "kimi_mlp.apparatus.report:main"),
+    "inspect": ("the kernels compiled for a GPU (appendix D)",
+                "kimi_mlp.apparatus.codegen:_inspect_parser",
+                "kimi_mlp.apparatus.codegen:main"),
+    "tune": ("this GPU's tile table, timed -> JSON (appendix E)",
+             "kimi_mlp.apparatus.harness_cli:tune_parser",
+             "kimi_mlp.apparatus.tune:tune_main"),
+    "tp-check": ("the block split across ranks, under torchrun (ch. 12)",
+                 "kimi_mlp.parallel_cli:tp_check_parser",
+                 "kimi_mlp.parallel:main"),
 }
 
 
@@ -58,9 +63,15 @@ def register_command(name: str, run, add_arguments=None,
     COMMANDS[name] = (help, add_arguments, run)
 
 
-def _external_available(module: str) -> bool:
+def _function(spec: str):
+    'The function that `spec` ("module:function") names, its module imported.'
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _external_available(spec: str) -> bool:
     try:
-        return importlib.util.find_spec(module) is not None
+        return importlib.util.find_spec(spec.partition(":")[0]) is not None
     except (ImportError, ValueError):
         return False
 
@@ -92,7 +103,7 @@ def int_in(lo: int, hi: int):
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_NO_GPU, EXIT_MISSING = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130
 #: The optional packages, each with the extra of kimi-mlp that brings it.
-EXTRAS = {"triton": "kernels", "matplotlib": "report"}
+EXTRAS = {"triton": "kernels", "matplotlib": "report", "transformers": "hf"}
 #: A hidden or intermediate width: at least one 128-wide block, at
 #: most MAX_WIDTH.
 WIDTH = int_in(128, MAX_WIDTH)
@@ -143,14 +154,19 @@ def _line(e: BaseException) -> str:
     return " ".join(str(e).split()) or type(e).__name__  # one line, always
 
 
-def run_external(prog: str, module: str, function: str = "main",
-                 argv=None) -> int:
-    """Import `module` and run `function(argv)` under the command line's rules:
-    an optional package missing is one line and EXIT_MISSING, bad input one
-    line and EXIT_FAILED, Ctrl-C EXIT_INTERRUPTED; otherwise the function's
-    status."""
+def run_external(name: str, argv=None) -> int:
+    """Run the external command `name` on `argv` (default: the process's
+    arguments) under the command line's rules: its parser first (--help and
+    usage errors exit there), then the function that does the work, its module
+    imported only now. An optional package missing is one line and
+    EXIT_MISSING, bad input one line and EXIT_FAILED, Ctrl-C
+    EXIT_INTERRUPTED; otherwise the function's status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _, options, run = EXTERNAL_COMMANDS[name]
+    prog = f"python -m kimi_mlp {name}"
     try:
-        rc = getattr(importlib.import_module(module), function)(argv)
+        _function(options)().parse_args(argv)
+        rc = _function(run)(argv)
     except ImportError as e:
         package = missing_package(e)
         if package is None:
@@ -248,8 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
         if add_arguments is not None:
             add_arguments(p)
         p.set_defaults(_run=run)
-    for name, (module, help) in EXTERNAL_COMMANDS.items():
-        if name not in COMMANDS and _external_available(module):
+    for name, (help, options, run) in EXTERNAL_COMMANDS.items():
+        if name not in COMMANDS and _external_available(options):
             sub.add_parser(name, help=help, add_help=False)
     return parser
 
@@ -258,11 +274,9 @@ def main(argv=None) -> int:
     """The command line: `python -m kimi_mlp COMMAND ...`. Returns the exit
     status."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in EXTERNAL_COMMANDS and argv[0] not in COMMANDS:
-        module = EXTERNAL_COMMANDS[argv[0]][0]
-        if _external_available(module):
-            return run_external(f"python -m kimi_mlp {argv[0]}", module,
-                                argv=argv[1:])
+    if (argv and argv[0] in EXTERNAL_COMMANDS and argv[0] not in COMMANDS
+            and _external_available(EXTERNAL_COMMANDS[argv[0]][1])):
+        return run_external(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     try:
         rc = args._run(args)
@@ -418,3 +432,8 @@ register_command("info", _info, _info_arguments,
                  "describe a checkpoint from its headers alone")
 register_command("check", _check, _check_arguments,
                  "load a dense block and check its forwards against float64")
+
+# %% ../book/appendix_b_cli.ipynb #d53d3f64
+if __name__ == "__main__" and __package__:  # python -m kimi_mlp.cli (a
+    sys.exit(main())                        # notebook's cells have no package)
+

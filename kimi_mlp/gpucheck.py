@@ -1,5 +1,5 @@
-"""`python -m kimi_mlp.gpucheck`: the kernel checks and timings at Kimi K2's
-real shapes on a GPU.
+"""`python -m kimi_mlp.gpucheck`: the same as `python -m kimi_mlp gpucheck`,
+the kernel checks and timings at Kimi K2's real shapes on a GPU.
 
 Written by hand (not exported): the work is `gpucheck_main` in
 kimi_mlp.apparatus.gpu_check (appendix C), run under the command line's rules
@@ -11,5 +11,4 @@ import sys
 from kimi_mlp.cli import run_external
 
 if __name__ == "__main__":
-    sys.exit(run_external("python -m kimi_mlp.gpucheck",
-                          "kimi_mlp.apparatus.gpu_check", "gpucheck_main"))
+    sys.exit(run_external("gpucheck"))

@@ -29,6 +29,7 @@ from .fused import (FfnTensors, _check_hidden, ffn_tensors,
                             fused_launch_costs, launch_floor_s)
 # weight blocks 128 x 128, groups 1 x 128
 from .kernels import QUANT_BLOCK
+from .parallel_cli import IMPLS, tp_check_parser
 from .rmsnorm import RMSNorm, rms_norm
 from .safetensors_io import (CheckpointError, checkpoint_root,
                                      open_regular_file, read_layout,
@@ -36,10 +37,10 @@ from .safetensors_io import (CheckpointError, checkpoint_root,
 from .swiglu import silu
 
 # %% auto #0
-__all__ = ['IMPLS', 'REDUCE_DTYPES', 'EPS_F32', 'LINK_BYTES_PER_S',
-           'valid_degrees', 'check_degree', 'shard_range', 'shard_windows',
-           'TensorParallelFFN', 'slice_block', 'ffn_partial', 'tp_ffn_block',
-           'gamma', 'sharded_sum_bound', 'down_abs_terms', 'load_dense_shard',
+__all__ = ['REDUCE_DTYPES', 'EPS_F32', 'LINK_BYTES_PER_S', 'valid_degrees',
+           'check_degree', 'shard_range', 'shard_windows', 'TensorParallelFFN',
+           'slice_block', 'ffn_partial', 'tp_ffn_block', 'gamma',
+           'sharded_sum_bound', 'down_abs_terms', 'load_dense_shard',
            'shard_bytes', 'rchar', 'spawn_ranks', 'seeded_tokens',
            'tp_rank_run', 'single_rank_reference', 'compare_with_single_rank',
            'main', 'ring_allreduce_s', 'rank_floor_s', 'time_all_reduce']
@@ -159,9 +160,6 @@ def slice_block(block: nn.Module, rank: int,
     cut = {k: _window(v, windows[k]).contiguous().clone()
            for k, v in state.items()}
     return TensorParallelFFN(cut, rank, world_size, t.intermediate_size, t.eps)
-
-# %% ../book/12_parallel.ipynb #9d4ebc94
-IMPLS = ("fused", "torch")
 
 # %% ../book/12_parallel.ipynb #9d4ebcs1
 def ffn_partial(rows: torch.Tensor, t: FfnTensors, impl: str = "fused",
@@ -539,24 +537,6 @@ def compare_with_single_rank(rank_out: dict, ref: dict,
     return {"groups": groups, "within": within, "ratio": ratio,
             "out_same": same, "ok": groups and within}
 
-# %% ../book/12_parallel.ipynb #2ce4485a
-def _tp_check_parser():
-    from kimi_mlp.cli import _Parser, int_in
-    p = _Parser(prog="torchrun --nproc-per-node P -m kimi_mlp tp-check",
-                description="Load each rank's slice of a dense block, run the "
-                "block split P ways, and compare every rank with the "
-                "unsharded block.")
-    p.add_argument("dir", help="checkpoint directory (or its index file)")
-    p.add_argument("--layer", type=int_in(0, 10**6), default=0,
-                   help="a dense layer")
-    p.add_argument("--tokens", type=int_in(1, 4096), default=8,
-                   help="random tokens to run (default 8)")
-    p.add_argument("--seed", type=int_in(0, 2**63 - 1), default=0)
-    p.add_argument("--impl", choices=IMPLS, default="fused",
-                   help="fused: chapter 10's kernels; "
-                        "torch: chapter 5's w8a8 reference")
-    return p
-
 # %% ../book/12_parallel.ipynb #2ce448s1
 def _launch_env() -> tuple[int, int, int, int]:
     """(rank, world size, local rank, local world size) from
@@ -674,7 +654,7 @@ def main(argv=None) -> int:
     its slice, runs the block split P ways and compares with the unsharded
     block; rank 0 prints a line per rank and the verdict. Exit status 0 if
     every rank passed."""
-    args = _tp_check_parser().parse_args(argv)
+    args = tp_check_parser().parse_args(argv)
     try:
         rank, world, local_rank, local_world = _launch_env()
         if world != 1 and "MASTER_ADDR" not in os.environ:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-__all__ = ['INTERPRETED', 'REDECORATED', 'CompileOnlyDriver', 'compiling_for']
+__all__ = ['INTERPRETED', 'REDECORATED', 'SLOW_OPERAND',
+           'note_interpreted_launch', 'CompileOnlyDriver', 'compiling_for']
 
 # %% ../book/appendix_c_measuring.ipynb #b1e7c2a1
 # kimi_mlp.triton_adapter: the one module that touches Triton's internals. It
@@ -20,7 +21,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import triton  # noqa: E402
+try:
+    import triton  # noqa: E402
+except ModuleNotFoundError as e:  # the base install: name the extra, in a line
+    if e.name != "triton":
+        raise
+    raise ModuleNotFoundError("kimi_mlp's kernels need triton, which is not "
+                              "installed: pip install 'kimi-mlp[kernels]'",
+                              name="triton") from None
 import triton.language as tl  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 from triton.runtime.jit import JITFunction  # noqa: E402
@@ -86,6 +94,33 @@ if INTERPRETED:  # the library works under the interpreter, or
             "interpreter; import kimi_mlp.kernels before triton (and before "
             "transformers), or set TRITON_INTERPRET=1 before anything imports "
             "triton") from None
+
+# %% ../book/appendix_c_measuring.ipynb #c86a0280
+#: An operand of this many elements makes a launch slow in the interpreter: a
+#: 4096 x 4096 weight; Kimi K2's gate and up weights hold 132 M each, and one
+#: token through its block takes minutes on a CPU that way.
+SLOW_OPERAND = 2**24
+_noted: list = []
+
+
+def note_interpreted_launch(args: tuple) -> None:
+    """Before the interpreter runs a launch: once per process, a line on the
+    logger "kimi_mlp" (stderr, unless logging is set up otherwise) when an
+    operand holds SLOW_OPERAND elements or more (a tensor, or the one a TMA
+    descriptor reads). Nothing on a GPU."""
+    if not INTERPRETED or _noted:
+        return
+    tensors = [getattr(a, "base", a) for a in args]   # a descriptor's tensor
+    big = max((t.numel() for t in tensors if isinstance(t, torch.Tensor)),
+              default=0)
+    if big >= SLOW_OPERAND:
+        _noted.append(big)
+        import logging
+        logging.getLogger("kimi_mlp").warning(
+            f"kimi_mlp: Triton's CPU interpreter is running a launch with an "
+            f"operand of {big:,} elements, which takes minutes at Kimi K2's "
+            "widths (a CUDA GPU compiles the kernels instead)")
+
 
 # %% ../book/appendix_c_measuring.ipynb #b1e7c2a3
 class CompileOnlyDriver:

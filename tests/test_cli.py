@@ -1,4 +1,5 @@
 """Appendix B: the command line (python -m kimi_mlp synth | info | check | bench)."""
+import os
 import subprocess
 import sys
 
@@ -58,27 +59,52 @@ def test_cli_is_extensible(tmp_path, capsys, monkeypatch):
                         lambda p: p.add_argument("name"), "say hello")
     assert main(["hello", "kimi"]) == 3
     assert capsys.readouterr().out == "hello kimi\n"
-    # an external command: imported only when run, and handed the rest of the command line
+    # an external command: its parser from a light module first, its work imported only
+    # when the command line has parsed, and handed the rest of the command line
+    (tmp_path / "fake_bench_options.py").write_text(
+        "import argparse\n"
+        "def parser():\n"
+        "    p = argparse.ArgumentParser(prog='bench')\n"
+        "    p.add_argument('--sizes')\n"
+        "    return p\n")
     (tmp_path / "fake_bench_cmd.py").write_text("def main(argv):\n    print('bench got', argv)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(cli, "EXTERNAL_COMMANDS", {"bench": ("fake_bench_cmd", "fake")})
+    monkeypatch.setattr(cli, "EXTERNAL_COMMANDS", {"bench": (
+        "fake", "fake_bench_options:parser", "fake_bench_cmd:main")})
     assert "fake_bench_cmd" not in sys.modules
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--help"])
+    assert e.value.code == 0 and "--sizes" in capsys.readouterr().out
+    assert "fake_bench_cmd" not in sys.modules                  # help imports no work
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--no-such-option"])
+    assert e.value.code == 2 and "fake_bench_cmd" not in sys.modules
     assert main(["bench", "--sizes", "1,2"]) == 0
     assert capsys.readouterr().out == "bench got ['--sizes', '1,2']\n"
     with pytest.raises(SystemExit):
         main(["--help"])
     assert "bench" in capsys.readouterr().out
     sys.modules.pop("fake_bench_cmd", None)
+    sys.modules.pop("fake_bench_options", None)
 
 
 def test_python_dash_m_runs_the_cli(tmp_path):
-    "kimi_mlp/__main__.py: the real entry point, in a fresh process."
-    r = subprocess.run([sys.executable, "-m", "kimi_mlp", "synth", str(tmp_path / "c")],
-                       capture_output=True, text=True)
+    """kimi_mlp/__main__.py: the real entry point, in a fresh process; and
+    `python -m kimi_mlp.cli`, the module the book names, is the same command line."""
+    def run(module, *args):
+        return subprocess.run([sys.executable, "-m", module, *args],
+                              capture_output=True, text=True, cwd=tmp_path,
+                              env={**os.environ, "COLUMNS": "100"})
+    r = run("kimi_mlp", "synth", str(tmp_path / "c"))
     assert r.returncode == 0 and "wrote" in r.stdout and not r.stderr
-    r = subprocess.run([sys.executable, "-m", "kimi_mlp", "info", str(tmp_path / "nowhere")],
-                       capture_output=True, text=True)
+    r = run("kimi_mlp", "info", str(tmp_path / "nowhere"))
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and r.stderr.startswith("error: ")
+    for args in (["--help"], ["info", str(tmp_path / "c")], ["info", "nowhere"]):
+        main, cli_ = run("kimi_mlp", *args), run("kimi_mlp.cli", *args)
+        assert (cli_.returncode, cli_.stdout, cli_.stderr) == (
+            main.returncode, main.stdout, main.stderr), args
+        assert cli_.stdout or cli_.stderr
+    assert run("kimi_mlp.cli", "--help").stdout.startswith("usage: python -m kimi_mlp ")
 
 
 def test_int_in():

@@ -424,7 +424,7 @@ COMMANDS = {
     "gpu-report": ["gpu-report", "--cpu-smoke", "--out", "{tmp}/report"],
     "inspect": ["inspect", "--m", "1"], "tune": ["tune", "--out", "{tmp}/t.json"],
     "tp-check": ["tp-check", "{ckpt}"],
-    "gpucheck": ["--cpu-smoke", "--out", "{tmp}/check"],
+    "gpucheck": ["gpucheck", "--cpu-smoke", "--out", "{tmp}/check"],
 }
 #: The imports the base install lacks: Triton, transformers, matplotlib.
 _BLOCKED = ("import sys\n"
@@ -433,8 +433,8 @@ _BLOCKED = ("import sys\n"
 
 
 def run_command(name: str, args: list, blocked: bool = False) -> subprocess.CompletedProcess:
-    "`python -m kimi_mlp ARGS` (or `python -m kimi_mlp.gpucheck ARGS`) in a fresh Python."
-    module = "kimi_mlp.gpucheck" if name == "gpucheck" else "kimi_mlp"
+    "`python -m kimi_mlp ARGS` in a fresh Python."
+    module = "kimi_mlp"
     code = (_BLOCKED if blocked else "import sys\n") + (
         "import runpy\n"
         f"sys.argv = ['python -m {module}', *{args!r}]\n"
@@ -446,7 +446,7 @@ def run_here(name: str, args: list, capsys) -> subprocess.CompletedProcess:
     """The same in this process (for what stops before any work: usage errors and
     refusals), as a CompletedProcess: exit status, stdout, stderr."""
     import runpy
-    module = "kimi_mlp.gpucheck" if name == "gpucheck" else "kimi_mlp"
+    module = "kimi_mlp"
     capsys.readouterr()
     sys.modules.pop(f"{module}.__main__" if module == "kimi_mlp" else module, None)
     saved = sys.argv
@@ -479,15 +479,16 @@ def _one_error_line(run) -> str:
 # prints, per command, a JSON line: its name, exit status and stderr.
 _EVERY_COMMAND = _BLOCKED + """import contextlib, io, json, runpy
 for name, module, args in {runs!r}:
-    err, sys.argv = io.StringIO(), [f"python -m {{module}}", *args]
+    err, out = io.StringIO(), io.StringIO()
+    sys.argv = [f"python -m {{module}}", *args]
     sys.modules.pop("kimi_mlp.__main__", None)
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
         try:
             runpy.run_module(module, run_name="__main__", alter_sys=False)
             code = 0
         except SystemExit as e:
             code = e.code
-    print(json.dumps([name, code, err.getvalue()]))
+    print(json.dumps([name, code, out.getvalue(), err.getvalue()]))
 """
 
 
@@ -495,16 +496,27 @@ def test_without_the_optional_packages_every_command_says_what_to_install(small_
                                                                          tmp_path):
     """The base install (triton, transformers and matplotlib blocked): each command
     runs, or says in one line which package and which extra it needs, exit status 4;
-    never a traceback."""
+    never a traceback. Asked for its help, every command prints it and exits 0: a
+    command needs Triton to run, not to say what it takes. `python -m kimi_mlp.gpucheck`,
+    the old name of `gpucheck`, behaves the same."""
     import json
-    runs = [(name, "kimi_mlp.gpucheck" if name == "gpucheck" else "kimi_mlp",
-             [a.format(tmp=tmp_path, ckpt=small_ckpt) for a in args])
+    runs = [(name, "kimi_mlp", [a.format(tmp=tmp_path, ckpt=small_ckpt) for a in args])
             for name, args in COMMANDS.items()]
+    runs += [(f"{name} --help", "kimi_mlp", [args[0], "--help"])
+             for name, args in COMMANDS.items()]
+    runs += [("kimi_mlp.gpucheck", "kimi_mlp.gpucheck", ["--cpu-smoke"]),
+             ("kimi_mlp.gpucheck --help", "kimi_mlp.gpucheck", ["--help"])]
     run = _fresh_python(_EVERY_COMMAND.format(runs=runs))
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
     results = [json.loads(line) for line in run.stdout.splitlines()]
-    assert [name for name, _, _ in results] == list(COMMANDS)
-    for name, code, err in results:
+    assert [name for name, _, _, _ in results] == [name for name, _, _ in runs]
+    for name, code, out, err in results:
+        if name.endswith("--help"):
+            command = name.split()[0].replace("kimi_mlp.gpucheck", "gpucheck")
+            assert code == 0 and not err, (name, code, err[-3000:])
+            assert out.startswith("usage: ") and f" {command} [-h]" in out.splitlines()[0], \
+                (name, out[:300])
+            continue
         if name in ("synth", "info", "check"):
             assert code == 0 and "Traceback" not in err, (name, err[-3000:])
             continue
@@ -541,7 +553,7 @@ def test_gpu_report_names_matplotlib_and_its_extra(tmp_path):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 @pytest.mark.parametrize("name, args", [("bench", ["bench"]), ("tune", ["tune"]),
                                         ("gpu-report", ["gpu-report", "--out", "{tmp}"]),
-                                        ("gpucheck", [])])
+                                        ("gpucheck", ["gpucheck"])])
 def test_a_command_that_needs_a_gpu_exits_with_3(name, args, tmp_path, capsys):
     "No CUDA device and no --cpu-smoke: one line, exit status 3 (2 means a usage error)."
     run = run_here(name, [a.format(tmp=tmp_path / "out") for a in args], capsys)
@@ -553,7 +565,7 @@ def test_a_command_that_needs_a_gpu_exits_with_3(name, args, tmp_path, capsys):
 @pytest.mark.parametrize("name, args", [
     ("bench", ["bench", "--cpu-smoke", "--out", "{file}"]),
     ("gpu-report", ["gpu-report", "--cpu-smoke", "--out", "{file}"]),
-    ("gpucheck", ["--cpu-smoke", "--out", "{file}"]),
+    ("gpucheck", ["gpucheck", "--cpu-smoke", "--out", "{file}"]),
     ("tune", ["tune", "--out", "{dir}"])])
 def test_out_naming_the_wrong_kind_of_path_is_a_usage_error(name, args, tmp_path,
                                                            capsys):
@@ -568,8 +580,9 @@ def test_out_naming_the_wrong_kind_of_path_is_a_usage_error(name, args, tmp_path
 
 
 @pytest.mark.parametrize("name, args, option", [
-    ("gpucheck", ["--cpu-smoke", "--hidden-size", "0"], "--hidden-size"),
-    ("gpucheck", ["--cpu-smoke", "--intermediate-size", "100"], "--intermediate-size"),
+    ("gpucheck", ["gpucheck", "--cpu-smoke", "--hidden-size", "0"], "--hidden-size"),
+    ("gpucheck", ["gpucheck", "--cpu-smoke", "--intermediate-size", "100"],
+     "--intermediate-size"),
     ("inspect", ["inspect", "--hidden-size", "-128"], "--hidden-size"),
     ("inspect", ["inspect", "--sms", "0"], "--sms"),
     ("synth", ["synth", "{tmp}/x", "--intermediate-size", "64"], "--intermediate-size"),
@@ -661,3 +674,47 @@ def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere():
             print("row 2", end="")
     assert "work" in screen.getvalue() and "[1/2]" not in screen.getvalue()
     assert out.getvalue() == "row 1\nrow 2\n"
+
+
+# --- Long work says so -------------------------------------------------------------------
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is for no CUDA")
+def test_a_launch_the_interpreter_takes_long_over_is_announced_once(monkeypatch, caplog):
+    """The interpreter about to run a launch with an operand as large as SLOW_OPERAND: one
+    line on the logger kimi_mlp, once per process, whatever runs it (the function or the
+    module, which records its first call); nothing at the widths below it."""
+    import logging
+    from kimi_mlp import triton_adapter
+    from kimi_mlp.fused import FusedFp8DenseMLP, fused_ffn_block, random_dense_block
+    block = random_dense_block(256, 320, seed=5)
+    h = torch.randn(3, 256, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    monkeypatch.setattr(triton_adapter, "_noted", [])
+    with caplog.at_level(logging.WARNING, logger="kimi_mlp"):
+        fused_ffn_block(h, block)
+        assert not caplog.records                               # small: nothing said
+        assert 7168 * 18432 >= triton_adapter.SLOW_OPERAND > 256 * 640  # a real weight is
+        monkeypatch.setattr(triton_adapter, "SLOW_OPERAND", 256 * 320)
+        module = FusedFp8DenseMLP(block)
+        module(h), module(h), fused_ffn_block(h, block)
+    (record,) = caplog.records
+    assert record.name == "kimi_mlp" and record.levelno == logging.WARNING
+    message = record.getMessage()
+    assert "\n" not in message and "Triton's CPU interpreter is running a launch" in message
+    assert "takes minutes at Kimi K2's widths" in message
+
+
+def test_the_checkpoint_writer_reports_progress_at_full_size_by_default(tmp_path, capsys,
+                                                                        monkeypatch):
+    """write_synthetic_checkpoint prints its steps when the weights pass PROGRESS_BYTES (a
+    full-size layer's 378 MiB do) unless progress=False, and is silent for a small one."""
+    from kimi_mlp import checkpoint
+    assert 3 * 7168 * 18432 >= checkpoint.PROGRESS_BYTES > 3 * 256 * 640
+    checkpoint.write_synthetic_checkpoint(tmp_path / "small")
+    assert capsys.readouterr().out == ""
+    monkeypatch.setattr(checkpoint, "PROGRESS_BYTES", 3 * 256 * 640)   # as if full size
+    checkpoint.write_synthetic_checkpoint(tmp_path / "large")
+    lines = capsys.readouterr().out.splitlines()
+    assert any("drawing and quantizing to e4m3" in line for line in lines)
+    assert lines[-1].startswith(f"wrote {tmp_path / 'large'}: ")
+    checkpoint.write_synthetic_checkpoint(tmp_path / "quiet", progress=False)
+    assert capsys.readouterr().out == ""

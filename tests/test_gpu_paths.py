@@ -540,9 +540,9 @@ def test_the_gpu_day_steps_call_the_report(tmp_path, step, expected):
     want = (f"-m kimi_mlp gpu-report --out {tmp_path / 'out'} --git-commit abc {expected}"
             if expected else f"-m kimi_mlp bench --path w8a16 --out {tmp_path / 'out'} "
             "--git-commit abc --budget-s 350" if step == "bench-w8a16" else
-            "-m kimi_mlp.gpucheck --path w8a16 --m 1,16,128,4096 --out "
+            "-m kimi_mlp gpucheck --path w8a16 --m 1,16,128,4096 --out "
             f"{tmp_path / 'out' / 'w8a16'} --git-commit abc" if step == "check-w8a16" else
-            "-m kimi_mlp.gpucheck --path gluon --m 512,1024,4096 --out "
+            "-m kimi_mlp gpucheck --path gluon --m 512,1024,4096 --out "
             f"{tmp_path / 'out' / 'gluon'} --git-commit abc")
     assert res.stdout.strip() == want
     bad = subprocess.run(["bash", str(root / "tools" / "gpu_day.sh"), "warm",

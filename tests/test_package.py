@@ -149,12 +149,13 @@ def test_the_import_graph_reads_subpackages(tmp_path):
 #: The teaching modules in the order of their chapters, with the modules they rest on
 #: first (appendix A's reader; appendix C's tile tables and its adapter to Triton's
 #: internals; appendix G's registry of GPU families), and appendix B's command line,
-#: which chapter 12's command extends.
+#: which chapter 12's command extends (its options in parallel_cli, which imports no
+#: kernels, so that --help needs no Triton).
 TEACHING = ("safetensors_io", "tiles", "triton_adapter", "gpus", "config", "rmsnorm", "block", "swiglu", "fp8",
             "checkpoint", "cli", "kernels.runtime", "kernels.numerics", "kernels.dequant",
             "kernels.norm_quant", "kernels.plan", "kernels.gemm", "kernels.tensor_cores",
             "kernels.epilogues",
-            "kernels.w8a16", "kernels", "fused", "bench", "parallel", "hf")
+            "kernels.w8a16", "kernels", "fused", "bench", "parallel_cli", "parallel", "hf")
 
 
 def test_teaching_modules_import_only_earlier_chapters():
@@ -173,8 +174,8 @@ def test_teaching_modules_import_only_earlier_chapters():
 
 #: The measuring and benchmarking modules (appendices C and E), split by purpose, in
 #: kimi_mlp.apparatus.
-HARNESS = ("measure", "provenance", "gpu_check", "report", "harness", "records", "plots",
-           "tune")
+HARNESS = ("measure", "provenance", "gpu_check", "report", "harness_cli", "harness",
+           "records", "plots", "tune")
 #: Everything the appendices export to measure, compile and report: the subpackage
 #: kimi_mlp.apparatus, which no teaching module imports.
 APPARATUS = HARNESS + ("codegen", "gluon_codegen")
@@ -307,3 +308,62 @@ def test_each_kernel_module_comes_from_one_chapter():
     for p in folder.glob("*.py"):
         sources = set(re.findall(r"^# %% \.\./\.\./book/(\S+\.ipynb)", p.read_text(), re.M))
         assert len(sources) <= 1, (p.name, sources)
+
+
+def test_dir_and_all_list_the_lazy_names():
+    """`dir(kimi_mlp)` and `__all__` list the names imported on first use (the fused block,
+    the tensor-parallel and Hugging Face paths, compile_only), and every name in `__all__`
+    is there to take."""
+    lazy = set(kimi_mlp._LAZY)
+    assert lazy <= set(dir(kimi_mlp)) and lazy <= set(kimi_mlp.__all__)
+    assert set(PUBLIC_API) <= set(kimi_mlp.__all__)
+    assert all(hasattr(kimi_mlp, name) for name in kimi_mlp.__all__)
+    assert len(set(kimi_mlp.__all__)) == len(kimi_mlp.__all__)
+
+
+#: A fresh Python of the base install: Triton cannot be imported.
+_NO_TRITON = "import sys\nsys.modules['triton'] = None\n"
+
+
+@pytest.mark.parametrize("statement, names", [
+    ("from kimi_mlp import fused_ffn_block", "kimi_mlp.fused_ffn_block needs triton"),
+    ("import kimi_mlp; kimi_mlp.FusedFp8DenseMLP", "kimi_mlp.FusedFp8DenseMLP needs triton"),
+    ("from kimi_mlp import compile_only", "kimi_mlp.compile_only needs triton"),
+    ("import kimi_mlp.fused", "kimi_mlp's kernels need triton")])
+def test_a_name_that_needs_triton_says_which_extra_in_one_line(statement, names):
+    """Without Triton, a name that needs it raises an ImportError whose message is one line
+    naming kimi-mlp[kernels]; a lazy name's traceback is two frames (the import chain
+    behind it is not shown)."""
+    run = subprocess.run([sys.executable, "-c", _NO_TRITON + statement],
+                         capture_output=True, text=True)
+    assert run.returncode == 1
+    last = run.stderr.strip().splitlines()[-1]
+    assert last.startswith("ModuleNotFoundError: ") and names in last, run.stderr
+    assert last.endswith("which is not installed: pip install 'kimi-mlp[kernels]'")
+    assert issubclass(ModuleNotFoundError, ImportError)
+    if statement.startswith(("from kimi_mlp import", "import kimi_mlp;")):
+        assert run.stderr.count('File "') == 2, run.stderr        # the line, __getattr__
+
+
+def test_without_triton_a_star_import_takes_what_there_is():
+    star = subprocess.run([sys.executable, "-c", _NO_TRITON + "from kimi_mlp import *\n"
+                           "print('fused_ffn_block' in dir(), 'KimiK2Config' in dir())"],
+                          capture_output=True, text=True)
+    assert star.returncode == 0 and star.stdout.split() == ["False", "True"], star.stderr
+
+
+def _pyproject() -> dict:
+    import tomllib
+    return tomllib.loads((Path(kimi_mlp.__file__).parent.parent / "pyproject.toml").read_text())
+
+
+def test_the_hf_extra_pins_the_transformers_the_tests_use():
+    """`pip install kimi-mlp[hf]` brings the transformers version requirements.txt pins for
+    the tests (the Hugging Face path and README example 2), and the kernels."""
+    extras = _pyproject()["project"]["optional-dependencies"]
+    pins = [line.split("#")[0].strip() for line in
+            (Path(kimi_mlp.__file__).parent.parent / "requirements.txt").read_text().splitlines()]
+    (tested,) = [p for p in pins if p.startswith("transformers==")]
+    assert tested in extras["hf"] and any(r.startswith("triton") for r in extras["hf"])
+    from kimi_mlp.cli import EXTRAS
+    assert EXTRAS["transformers"] == "hf"

@@ -10,6 +10,7 @@ import dataclasses
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -271,6 +272,11 @@ def test_tp_check_under_torchrun(ckpt):
         "intermediate_size 1024 (8 blocks of 128) into equal runs of whole blocks, one "
         "of 1, 2, 4, 8; got 3")
     assert r.stderr.count("world_size: expected") == 1
+    # what torchrun adds after a rank's line, as the README says: its own traceback,
+    # ending in ChildFailedError, and a table of the failed ranks
+    assert "Traceback" in r.stderr and "ChildFailedError" in r.stderr
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    assert "ChildFailedError" in readme
 
 
 def test_tp_check_in_process(ckpt, capsys, monkeypatch):

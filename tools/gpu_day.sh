@@ -60,10 +60,10 @@ case "$step" in
                        "$py" -m kimi_mlp bench --path w8a16 --out "$out" \
                        --git-commit "$commit" --budget-s $((limit - 120)) ;;
     check-w8a16)   timeout --foreground --signal=INT --kill-after=15 "$limit" \
-                       "$py" -m kimi_mlp.gpucheck --path w8a16 --m 1,16,128,4096 \
+                       "$py" -m kimi_mlp gpucheck --path w8a16 --m 1,16,128,4096 \
                        --out "$out/w8a16" --git-commit "$commit" ;;
     check-gluon)   timeout --foreground --signal=INT --kill-after=15 "$limit" \
-                       "$py" -m kimi_mlp.gpucheck --path gluon --m 512,1024,4096 \
+                       "$py" -m kimi_mlp gpucheck --path gluon --m 512,1024,4096 \
                        --out "$out/gluon" --git-commit "$commit" ;;
     ch7)           report --steps notebooks --notebooks 07_triton.ipynb --budget-s $((limit - 60)) ;;
     ch8)           report --steps notebooks --notebooks 08_gemm.ipynb --budget-s $((limit - 60)) ;;

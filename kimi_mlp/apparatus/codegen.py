@@ -59,11 +59,6 @@ __all__ = ['INSPECT_M', 'HOPPER', 'H200_SMS', 'SHARED_MEM_LIMIT', 'WORKLOADS',
            'model_entry', 'write_model', 'ModelRow', 'ModelEntry', 'ModelFile',
            'main']
 
-# %% ../../book/appendix_d_codegen.ipynb #a7b1e9af
-# The driver lives in the one module that touches Triton's internals (appendix
-# C); chapter 7's `compile_only` sets it for the duration of a compile.
-from ..triton_adapter import CompileOnlyDriver
-
 # %% ../../book/appendix_d_codegen.ipynb #e751841d
 def stand_in_block(hidden_size: int = 7168, intermediate_size: int = 18432):
     """A `ResidualBlock(RMSNorm, Fp8DenseMLP)` with the checkpoint's dtypes and

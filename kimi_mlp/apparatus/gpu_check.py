@@ -307,7 +307,7 @@ def _parse_m(text: str) -> tuple[int, ...]:
 def _gpucheck_parser() -> argparse.ArgumentParser:
     from kimi_mlp.cli import WIDTH, _Parser, int_in, out_dir
     p = _Parser(                 # one-line usage errors
-        prog="python -m kimi_mlp.gpucheck",
+        prog="python -m kimi_mlp gpucheck",
         description="Check the fused FP8 FFN block on a GPU at Kimi K2's "
                     "real shapes and time it against torch bf16 on "
                     "dequantized weights.")
@@ -481,7 +481,7 @@ def _check_m(block: nn.Module, fused, w16: dict, h: torch.Tensor, args,
 
 # %% ../../book/appendix_c_measuring.ipynb #311be14a
 def gpucheck_main(argv=None) -> int:
-    """`python -m kimi_mlp.gpucheck`: correctness at the real shapes and median
+    """`python -m kimi_mlp gpucheck`: correctness at the real shapes and median
     times on a CUDA device; returns 0 when every check passes, 1 when one
     fails, 3 (EXIT_NO_GPU) when refused."""
     from kimi_mlp.cli import EXIT_NO_GPU

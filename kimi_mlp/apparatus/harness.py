@@ -28,25 +28,16 @@ from .measure import GRAPH_MAX_M, gpu_refusal, time_ms
 from .provenance import (_reason, environment,
                                            measure_ceilings)
 from .records import BENCH_SCHEMA, write_record
+from .harness_cli import PROVIDERS, bench_parser
 from ..rmsnorm import rms_norm
 
 # %% auto #0
-__all__ = ['PROVIDERS', 'SMOKE_SHAPES', 'SMOKE_M', 'BENCH_BOUNDS',
-           'unfused_w8a8_ffn', 'unfused_w8a16_ffn', 'pad_rows',
-           'scaled_mm_blockwise', 'probe_scaled_mm', 'make_providers',
-           'check_output', 'fused_launches', 'bench', 'add_bench_arguments',
-           'run_bench', 'main']
+__all__ = ['SMOKE_SHAPES', 'SMOKE_M', 'BENCH_BOUNDS', 'unfused_w8a8_ffn',
+           'unfused_w8a16_ffn', 'pad_rows', 'scaled_mm_blockwise',
+           'probe_scaled_mm', 'make_providers', 'check_output',
+           'fused_launches', 'bench', 'run_bench', 'main']
 
-# %% ../../book/appendix_e_harness.ipynb #e7feaf3b
-PROVIDERS = {
-    "torch_bf16": "torch bf16, dequantized weights (cuBLAS)",
-    "unfused_w8a8": "unfused W8A8, one launch per step (our fp8_gemm)",
-    "unfused_w8a16": "unfused W8A16, one launch per step (our w8a16_gemm)",
-    "fused": "fused Triton, FusedFp8DenseMLP (chapter 10)",
-    "scaled_mm": "unfused W8A8 with torch._scaled_mm block-scaled (cuBLAS)",
-}
-
-
+# %% ../../book/appendix_e_harness.ipynb #4307441e
 SMOKE_SHAPES = (320, 704)  # hidden, intermediate for --cpu-smoke
 
 
@@ -517,48 +508,6 @@ def bench(ms=None, providers=tuple(PROVIDERS), *, cpu_smoke: bool = False,
             on_update(record)
     return _bench_done(record, t0, log)
 
-# %% ../../book/appendix_e_harness.ipynb #0492aec6
-def _name_list(text: str) -> tuple[str, ...]:
-    names = tuple(s.strip() for s in text.split(",") if s.strip())
-    bad = [n for n in names if n not in PROVIDERS]
-    if not names or bad:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated names from {','.join(PROVIDERS)}, "
-            f"got {text!r}")
-    return names
-
-
-def add_bench_arguments(p: argparse.ArgumentParser) -> None:
-    "The options of `python -m kimi_mlp bench`."
-    from kimi_mlp.cli import int_in, out_dir, seconds
-    p.add_argument("--out", type=out_dir, default=None,
-                   help="directory for the JSON and a log (default book/data "
-                        "on a GPU, a temporary directory for --cpu-smoke)")
-    p.add_argument("--m", type=_parse_m, default=None,
-                   help="token counts (default 1,2,4,...,8192)")
-    p.add_argument("--providers", type=_name_list, default=tuple(PROVIDERS),
-                   help=f"subset of {','.join(PROVIDERS)}")
-    p.add_argument("--rep-ms", type=int_in(1, 60_000), default=100,
-                   help="do_bench repetition time per measurement (ms)")
-    p.add_argument("--warmup-ms", type=int_in(0, 60_000), default=25)
-    p.add_argument("--graph-max-m", type=int_in(0, 2**17), default=GRAPH_MAX_M,
-                   help="largest M timed through a CUDA graph")
-    p.add_argument("--seed", type=int_in(0, 2**31 - 1), default=0)
-    p.add_argument("--no-ceilings", action="store_true",
-                   help="skip measuring copy bandwidth and matmul rates")
-    p.add_argument("--git-commit", default=None,
-                   help="record this commit (for a tree copied without .git)")
-    p.add_argument("--budget-s", type=seconds, default=300.0,
-                   help="start no new M after this many seconds (default "
-                        "300); the record lists what was left out")
-    p.add_argument("--path", choices=("auto", "w8a8", "w8a16"), default="auto",
-                   help="the fused launches: w8a8 (FP8, compute capability "
-                        "8.9 or more), w8a16 (from 7.5), or auto, the GPU's "
-                        "(default)")
-    p.add_argument("--cpu-smoke", action="store_true",
-                   help="tiny shapes through the Triton interpreter, no "
-                        "timings: tests the harness")
-
 # %% ../../book/appendix_e_harness.ipynb #b924b094
 def _run(args: argparse.Namespace, log, on_update) -> dict:
     "`bench` with the command line's options."
@@ -628,16 +577,8 @@ def run_bench(args: argparse.Namespace) -> int:
         0 if all(r["ok"] for r in record["results"]) else 1
     )  # skips are recorded, not failures
 
-# %% ../../book/appendix_e_harness.ipynb #83e83907
+# %% ../../book/appendix_e_harness.ipynb #5ead242a
 def main(argv=None) -> int:
     """`python -m kimi_mlp bench [options]`. Returns the exit status."""
-    from kimi_mlp.cli import _Parser
-    p = _Parser(                 # one-line usage errors
-        prog="python -m kimi_mlp bench",
-        description=(
-            "Time the FFN half of Kimi K2's dense block on a GPU: torch "
-            "bf16, unfused W8A8, fused Triton, torch._scaled_mm."
-        ),
-    )
-    add_bench_arguments(p)
-    return run_bench(p.parse_args(argv))
+    return run_bench(bench_parser().parse_args(argv))
+

@@ -125,7 +125,7 @@ def _builtins_with_display(display) -> dict:
     import types
 
     stand_in = types.ModuleType("IPython.display")
-    stand_in.display, stand_in.Markdown = display, _Markdown
+    vars(stand_in).update(display=display, Markdown=_Markdown)
     real = builtins.__import__
 
     def cells_import(name, globals=None, locals=None, fromlist=(), level=0):

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
-__all__ = ['TUNE_SHAPES', 'TUNE_M', 'main', 'tile_candidates', 'tune_bucket',
-           'tune', 'tune_main']
+__all__ = ['TUNE_SHAPES', 'TUNE_M', 'tile_candidates', 'tune_bucket', 'tune',
+           'tune_main']
 
 # %% ../../book/appendix_e_harness.ipynb #21ed7500
 # kimi_mlp.apparatus.tune: time tile candidates on this GPU and write its tile
@@ -24,6 +24,7 @@ from ..checkpoint import relative_error
 from ..fp8 import quantize_activation, quantize_weight_blockwise
 from .measure import gpu_refusal, time_ms
 from .provenance import _reason, environment
+from .harness_cli import tune_parser
 from ..tiles import TILES_SCHEMA, load_tiles, tiles_file_name
 
 # %% ../../book/appendix_e_harness.ipynb #4db65ec8
@@ -214,21 +215,8 @@ def tune_main(argv=None) -> int:
     says (default `./<device>.json`) after every bucket, of the FP8 kernels or,
     on a GPU without e4m3, the W8A16 ones. 0 when written, EXIT_NO_GPU (3) when
     refused (no GPU, or one below compute capability 7.5)."""
-    from kimi_mlp.cli import (EXIT_NO_GPU, Progress, _Parser, int_in, out_file,
-                              seconds)
-    p = _Parser(                 # one-line usage errors
-        prog="python -m kimi_mlp tune",
-        description="Time candidate tile configurations of the fused block's "
-                    "GEMMs on this GPU and write its tile table.")
-    p.add_argument("--out", type=out_file, default=None,
-                   help="the JSON file to write (default ./<device>.json)")
-    p.add_argument("--budget-s", type=seconds, default=300,
-                   help="seconds for the sweep (default 300); later buckets "
-                        "keep the defaults")
-    p.add_argument("--rep-ms", type=int_in(1, 60_000), default=50,
-                   help="do_bench time per candidate")
-    p.add_argument("--git-commit", default=None, help="record this commit")
-    args = p.parse_args(argv)
+    from kimi_mlp.cli import EXIT_NO_GPU, Progress
+    args = tune_parser().parse_args(argv)
     if not torch.cuda.is_available() or kernels.INTERPRETED:
         print("error: tune: no CUDA device with compiled kernels. The sweep "
               "times tile configurations on a GPU; without one the tables of "
@@ -254,6 +242,3 @@ def tune_main(argv=None) -> int:
     print(f"wrote {out}: copy it into kimi_mlp/configs/ or set "
           f"KIMI_MLP_TILES={out}")
     return 0
-
-# %% ../../book/appendix_e_harness.ipynb #a80a090c
-main = tune_main   # `python -m kimi_mlp tune` (appendix B) calls main

@@ -175,6 +175,7 @@ def launch_with(kernel, grid, args: tuple, kwargs: dict):
     `launches_stubbed` or `recording` does instead."""
     mode = _MODE.get()
     if mode is None:
+        triton_adapter.note_interpreted_launch(args)  # a line, if slow
         return kernel[grid](*args, **kwargs)
     return mode.launch(kernel, grid, args, kwargs)
 
@@ -246,6 +247,7 @@ class _Recording:
     def launch(self, kernel, grid, args, kwargs):
         self.launches.append((kernel, grid, args, kwargs))
         if self.outer is None:
+            triton_adapter.note_interpreted_launch(args)
             return kernel[grid](*args, **kwargs)
         return self.outer.launch(kernel, grid, args, kwargs)
 
