@@ -37,12 +37,15 @@ venv: $(STAMP)
 ## Tests: unit tests (with the export-sync check), then every notebook through nbval.
 test: unit nbval
 
+# --dist worksteal: a worker that runs out of tests takes half of the other's queue, so one
+# long test late in a queue does not leave the other core idle (measured here: the unit
+# tests in 480 s instead of 539 s with the default --dist load, on 2 cores).
 unit: $(STAMP)
-	KIMI_TRITON36=$(TRITON36) $(PY) -m pytest -q -n auto tests
+	KIMI_TRITON36=$(TRITON36) $(PY) -m pytest -q -n auto --dist worksteal tests
 
 ## While working: the unit tests less the slow ones (`make test` still runs everything).
 test-fast: $(STAMP)
-	KIMI_TRITON36=$(TRITON36) $(PY) -m pytest -q -n auto -m "not slow" tests
+	KIMI_TRITON36=$(TRITON36) $(PY) -m pytest -q -n auto --dist worksteal -m "not slow" tests
 
 nbval: $(STAMP)
 	$(PY) -m pytest -q -n auto --dist loadscope $(NBVAL) book
