@@ -37,15 +37,16 @@ venv: $(STAMP)
 ## Tests: unit tests (with the export-sync check), then every notebook through nbval.
 test: unit nbval
 
-# --dist worksteal: a worker that runs out of tests takes half of the other's queue, so one
-# long test late in a queue does not leave the other core idle (measured here: the unit
-# tests in 480 s instead of 539 s with the default --dist load, on 2 cores).
+# One worker per core (-n auto), each with one thread (OMP_NUM_THREADS=1, which the
+# processes the tests start inherit), and --dist worksteal: a worker that runs out of tests
+# takes half of the other's queue, so one long test late in a queue does not leave a core idle.
+UNIT := OMP_NUM_THREADS=1 KIMI_TRITON36=$(TRITON36) $(PY) -m pytest -q -n auto --dist worksteal
 unit: $(STAMP)
-	KIMI_TRITON36=$(TRITON36) $(PY) -m pytest -q -n auto --dist worksteal tests
+	$(UNIT) tests
 
 ## While working: the unit tests less the slow ones (`make test` still runs everything).
 test-fast: $(STAMP)
-	KIMI_TRITON36=$(TRITON36) $(PY) -m pytest -q -n auto --dist worksteal -m "not slow" tests
+	$(UNIT) -m "not slow" tests
 
 nbval: $(STAMP)
 	$(PY) -m pytest -q -n auto --dist loadscope $(NBVAL) book
