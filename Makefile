@@ -23,7 +23,8 @@ $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	if $(PY) -c "import socket, sys, urllib.parse as u; \
 	    socket.getaddrinfo(u.urlsplit(sys.argv[1]).hostname, 443)" $(TORCH_INDEX) 2>/dev/null; \
-	then $(PY) -m pip install -q --index-url $(TORCH_INDEX) $$(grep -o '^torch==[^ ]*' requirements.txt); \
+	then $(PY) -m pip install -q --index-url $(TORCH_INDEX) $$(grep -o '^torch==[^ ]*' requirements.txt) \
+	  || echo "torch from $(TORCH_INDEX) failed: it comes with requirements.txt"; \
 	else echo "$(TORCH_INDEX) is out of reach: torch comes with requirements.txt"; fi
 	$(PY) -m pip install -q -r requirements.txt
 	$(PY) -m pip install -q --no-deps -e .

@@ -52,8 +52,8 @@ def __getattr__(name):
         try:
             module = importlib.import_module(f"{__name__}.{_LAZY[name]}")
         except ModuleNotFoundError as e:   # the base install: one line
-            package = (e.name or "").partition(".")[0]
-            if package not in _NEEDS:
+            package = e.name or ""
+            if package not in _NEEDS:      # a submodule: an older Triton, say
                 raise
             raise ModuleNotFoundError(
                 f"kimi_mlp.{name} needs {package}, which is not installed: "
@@ -76,7 +76,8 @@ __all__ = [
     "dequantize_weight_blockwise", "fp8_linear_w8a8", "fp8_linear_w8a16",
     "fp8_matmul_blockwise", "quantize_activation", "quantize_weight_blockwise",
     "load_dense_block", "write_synthetic_checkpoint",
-    # the lazy names, where Triton is installed: without it,
-    # `from kimi_mlp import *` still works, and the names raise the line above
+    # the lazy names, where Triton is installed (`from kimi_mlp import *` then
+    # imports their modules, and with them the kernels); without it, the star
+    # import takes the rest, and the names raise the line above
     *(_LAZY if _find_spec("triton") is not None else ()),
 ]

@@ -1,11 +1,12 @@
-"""`python -m kimi_mlp {synth,info,check,bench,gpu-report,inspect} ...`: the
-command line.
+"""`python -m kimi_mlp COMMAND ...`: the command line (`python -m kimi_mlp
+--help` lists the commands).
 
 Written by hand (not exported): the command line is kimi_mlp.cli (Appendix B),
-whose `synth`, `info` and `check` call chapter 6's kimi_mlp.checkpoint; `bench`
-lives in kimi_mlp.apparatus.harness (Appendix E), `gpu-report` in
-kimi_mlp.apparatus.report (Appendix C) and `inspect` in
-kimi_mlp.apparatus.codegen (Appendix D), each imported only when it runs.
+whose `synth`, `info` and `check` call chapter 6's kimi_mlp.checkpoint; the
+other commands' work lives in heavier modules (the GPU check and the report in
+Appendix C, `inspect` in D, `bench` and `tune` in E, `tp-check` in chapter 12),
+each imported only once its options, declared in a module that imports no
+kernels, have parsed.
 """
 import sys
 

@@ -39,13 +39,13 @@ EXTERNAL_COMMANDS: dict[str, tuple[str, str, str]] = {
               "kimi_mlp.apparatus.harness_cli:bench_parser",
               "kimi_mlp.apparatus.harness:main"),
     "gpucheck": ("the block checked and timed at Kimi K2's shapes (app. C)",
-                 "kimi_mlp.apparatus.gpu_check:_gpucheck_parser",
+                 "kimi_mlp.apparatus.gpu_check:gpucheck_parser",
                  "kimi_mlp.apparatus.gpu_check:gpucheck_main"),
     "gpu-report": ("everything that needs a GPU, in one run (appendix C)",
-                   "kimi_mlp.apparatus.report:_gpu_report_parser",
+                   "kimi_mlp.apparatus.report:gpu_report_parser",
                    "kimi_mlp.apparatus.report:main"),
     "inspect": ("the kernels compiled for a GPU (appendix D)",
-                "kimi_mlp.apparatus.codegen:_inspect_parser",
+                "kimi_mlp.apparatus.codegen:inspect_parser",
                 "kimi_mlp.apparatus.codegen:main"),
     "tune": ("this GPU's tile table, timed -> JSON (appendix E)",
              "kimi_mlp.apparatus.harness_cli:tune_parser",
@@ -123,9 +123,9 @@ def seconds(text: str) -> float:
 
 def missing_package(e: ImportError) -> str | None:
     """The optional package whose absence raised `e`, or None (then it is a
-    bug)."""
-    root = (getattr(e, "name", None) or "").split(".")[0]
-    return (root if isinstance(e, ModuleNotFoundError) and root in EXTRAS
+    bug, or a package too old to have a module we use)."""
+    name = getattr(e, "name", None)
+    return (name if isinstance(e, ModuleNotFoundError) and name in EXTRAS
             else None)
 
 

@@ -103,14 +103,15 @@ SLOW_OPERAND = 2**24
 _noted: list = []
 
 
-def note_interpreted_launch(args: tuple) -> None:
+def note_interpreted_launch(args: tuple, kwargs: dict) -> None:
     """Before the interpreter runs a launch: once per process, a line on the
     logger "kimi_mlp" (stderr, unless logging is set up otherwise) when an
     operand holds SLOW_OPERAND elements or more (a tensor, or the one a TMA
     descriptor reads). Nothing on a GPU."""
     if not INTERPRETED or _noted:
         return
-    tensors = [getattr(a, "base", a) for a in args]   # a descriptor's tensor
+    tensors = [getattr(a, "base", a)              # a descriptor's tensor
+               for a in (*args, *kwargs.values())]
     big = max((t.numel() for t in tensors if isinstance(t, torch.Tensor)),
               default=0)
     if big >= SLOW_OPERAND:

@@ -35,39 +35,58 @@ def closure(extras: tuple[str, ...] = ()) -> set[str]:
     return {key for key, _ in seen}
 
 
-def blocked_modules(extras: tuple[str, ...] = ()) -> set[str]:
-    """Top-level modules of the installed distributions outside `closure(extras)`:
+def blocked(extras: tuple[str, ...] = ()) -> tuple[set[str], set[str]]:
+    """(top-level modules, distributions) installed here but outside `closure(extras)`:
     IPython, Jupyter, nbdev, pytest, transformers and the like."""
     keep = closure(extras)
-    return {module for module, dists in md.packages_distributions().items()
-            if not any(_norm(d) in keep for d in dists)}
+    modules = {module for module, dists in md.packages_distributions().items()
+               if not any(_norm(d) in keep for d in dists)}
+    dists = {_norm(d.metadata["Name"]) for d in md.distributions()} - keep
+    return modules, dists
 
 
 _SITECUSTOMIZE = """\
-# Written by tests/installs.py: imports of the modules below fail, as if their
-# distributions were not installed (they are not dependencies of kimi-mlp{extras}).
+# Written by tests/installs.py: the modules and distributions below are not found, as if
+# they were not installed (they are not dependencies of kimi-mlp{extras}). Python's path
+# finder is wrapped rather than put behind a finder that raises, so that a library's
+# importlib.util.find_spec(name) answers None for them, as it does without them.
+import re
 import sys
+from importlib.machinery import PathFinder
 
-_BLOCKED = frozenset({blocked})
-
-
-class _NotInstalled:
-    @staticmethod
-    def find_spec(name, path=None, target=None):
-        if name.partition(".")[0] in _BLOCKED:
-            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
-        return None
+_MODULES = frozenset({modules})
+_DISTS = frozenset({dists})
 
 
-sys.meta_path.insert(0, _NotInstalled)
+class _DeclaredOnly:
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name.partition(".")[0] in _MODULES:
+            return None
+        return PathFinder.find_spec(name, path, target)
+
+    @classmethod
+    def find_distributions(cls, *args, **kwargs):
+        for dist in PathFinder.find_distributions(*args, **kwargs):
+            name = re.sub(r"[-_.]+", "-", dist.metadata["Name"] or "").lower()
+            if name not in _DISTS:
+                yield dist
+
+    @classmethod
+    def invalidate_caches(cls):
+        PathFinder.invalidate_caches()
+
+
+sys.meta_path[:] = [_DeclaredOnly if f is PathFinder else f for f in sys.meta_path]
 """
 
 
 def only_declared(folder: Path, extras: tuple[str, ...] = ()) -> dict:
     """Environment variables for a Python (and every Python it starts) that can import
-    only what kimi-mlp[extras] declares: a `sitecustomize` on PYTHONPATH blocks the rest."""
+    only what kimi-mlp[extras] declares: a `sitecustomize` on PYTHONPATH hides the rest."""
     folder.mkdir(parents=True, exist_ok=True)
     tag = f"[{','.join(extras)}]" if extras else ""
+    modules, dists = blocked(extras)
     (folder / "sitecustomize.py").write_text(_SITECUSTOMIZE.format(
-        extras=tag, blocked=json.dumps(sorted(blocked_modules(extras)))))
+        extras=tag, modules=json.dumps(sorted(modules)), dists=json.dumps(sorted(dists))))
     return {"PYTHONPATH": str(folder)}

@@ -137,3 +137,14 @@ def test_synth_intermediate_size(tmp_path, capsys):
         "error: --intermediate-size: expected it without --full-size (the real width "
         "is 18432), got both\n")
     assert not (tmp_path / "x").exists()
+
+
+def test_only_a_missing_optional_package_is_named_as_one():
+    """A missing optional package is named with its extra; a missing module inside one (an
+    older Triton without a module we use) is not called "not installed"."""
+    assert cli.missing_package(ModuleNotFoundError("no", name="triton")) == "triton"
+    assert cli.missing_package(ModuleNotFoundError("no", name="transformers")) == "transformers"
+    assert cli.missing_package(ModuleNotFoundError(
+        "no", name="triton.tools.tensor_descriptor")) is None
+    assert cli.missing_package(ModuleNotFoundError("no", name="numpyy")) is None
+    assert cli.missing_package(ImportError("cannot import name", name="triton")) is None

@@ -681,26 +681,30 @@ def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter is for no CUDA")
 def test_a_launch_the_interpreter_takes_long_over_is_announced_once(monkeypatch, caplog):
     """The interpreter about to run a launch with an operand as large as SLOW_OPERAND: one
-    line on the logger kimi_mlp, once per process, whatever runs it (the function or the
-    module, which records its first call); nothing at the widths below it."""
+    line on the logger kimi_mlp, once per process, from either place a launch runs (a
+    plain launch, and the recording a module makes of its first call); nothing at the
+    widths below it."""
     import logging
     from kimi_mlp import triton_adapter
     from kimi_mlp.fused import FusedFp8DenseMLP, fused_ffn_block, random_dense_block
     block = random_dense_block(256, 320, seed=5)
     h = torch.randn(3, 256, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    assert 7168 * 18432 >= triton_adapter.SLOW_OPERAND > 256 * 640    # a real weight is
+    caplog.set_level(logging.WARNING, logger="kimi_mlp")
     monkeypatch.setattr(triton_adapter, "_noted", [])
-    with caplog.at_level(logging.WARNING, logger="kimi_mlp"):
-        fused_ffn_block(h, block)
-        assert not caplog.records                               # small: nothing said
-        assert 7168 * 18432 >= triton_adapter.SLOW_OPERAND > 256 * 640  # a real weight is
-        monkeypatch.setattr(triton_adapter, "SLOW_OPERAND", 256 * 320)
-        module = FusedFp8DenseMLP(block)
-        module(h), module(h), fused_ffn_block(h, block)
-    (record,) = caplog.records
-    assert record.name == "kimi_mlp" and record.levelno == logging.WARNING
-    message = record.getMessage()
-    assert "\n" not in message and "Triton's CPU interpreter is running a launch" in message
-    assert "takes minutes at Kimi K2's widths" in message
+    fused_ffn_block(h, block)
+    assert not caplog.records                                     # small: nothing said
+    monkeypatch.setattr(triton_adapter, "SLOW_OPERAND", 256 * 320)
+    for run in (lambda: fused_ffn_block(h, block),                 # a plain launch
+                lambda: FusedFp8DenseMLP(block)(h)):               # a recorded first call
+        monkeypatch.setattr(triton_adapter, "_noted", [])
+        caplog.clear()
+        run(), run()
+        (record,) = caplog.records                                 # once, not per call
+        assert record.name == "kimi_mlp" and record.levelno == logging.WARNING
+        message = record.getMessage()
+        assert "\n" not in message and "Triton's CPU interpreter is running a launch" \
+            in message and "takes minutes at Kimi K2's widths" in message
 
 
 def test_the_checkpoint_writer_reports_progress_at_full_size_by_default(tmp_path, capsys,

@@ -3,7 +3,7 @@ the refusals where they cannot run, the GPU check's Gluon row on a CPU stand-in,
 appendix D's model does with a kernel that keeps a wgmma group in flight.
 
 Gluon kernels do not run under Triton's interpreter, so no test here runs one; their
-numbers are judged by `python -m kimi_mlp.gpucheck --path gluon` on a Hopper GPU."""
+numbers are judged by `python -m kimi_mlp gpucheck --path gluon` on a Hopper GPU."""
 import os
 from pathlib import Path
 

@@ -40,7 +40,7 @@ def test_a_new_family_reaches_every_reader(made_up_family):
     assert hopper["per_sm"] >= plan["per_sm"]
     # the compile targets and the inspect command's --arch
     assert codegen.targets()["sm_95a"] == (95, 100)
-    assert codegen._inspect_parser().parse_args(["--arch", "sm_95a"]).arch is made_up_family
+    assert codegen.inspect_parser().parse_args(["--arch", "sm_95a"]).arch is made_up_family
     # chapter 11's floors
     x100 = next(g for g in bench.datasheet_gpus() if g["name"] == "X100")
     assert (x100["mode"], x100["rate_key"], x100["target"]) == (

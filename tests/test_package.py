@@ -289,6 +289,12 @@ def test_the_wheel_installs_every_module(tmp_path):
     assert "an installed copy" in skip and "--steps notebooks" in skip, skip
     assert "gpucheck: passed" in lines and lines[-1].startswith(
         "gpu-report: every step it could run passed"), lines
+    # the notebooks alone: nothing could run there, and that is not a pass
+    alone = subprocess.run([str(python), "-m", "kimi_mlp", "gpu-report", "--cpu-smoke",
+                            "--steps", "notebooks", "--out", str(tmp_path / "alone")],
+                           cwd=outside, env=env, capture_output=True, text=True, timeout=600)
+    assert alone.returncode == 1, alone.stdout[-2000:]
+    assert alone.stdout.splitlines()[-1].startswith("gpu-report: NO STEP COULD RUN HERE")
 
 
 def test_every_kernel_module_is_short():
@@ -340,7 +346,6 @@ def test_a_name_that_needs_triton_says_which_extra_in_one_line(statement, names)
     last = run.stderr.strip().splitlines()[-1]
     assert last.startswith("ModuleNotFoundError: ") and names in last, run.stderr
     assert last.endswith("which is not installed: pip install 'kimi-mlp[kernels]'")
-    assert issubclass(ModuleNotFoundError, ImportError)
     if statement.startswith(("from kimi_mlp import", "import kimi_mlp;")):
         assert run.stderr.count('File "') == 2, run.stderr        # the line, __getattr__
 
@@ -352,15 +357,13 @@ def test_without_triton_a_star_import_takes_what_there_is():
     assert star.returncode == 0 and star.stdout.split() == ["False", "True"], star.stderr
 
 
-def _pyproject() -> dict:
-    import tomllib
-    return tomllib.loads((Path(kimi_mlp.__file__).parent.parent / "pyproject.toml").read_text())
-
-
 def test_the_hf_extra_pins_the_transformers_the_tests_use():
     """`pip install kimi-mlp[hf]` brings the transformers version requirements.txt pins for
     the tests (the Hugging Face path and README example 2), and the kernels."""
-    extras = _pyproject()["project"]["optional-dependencies"]
+    import re
+    root = Path(kimi_mlp.__file__).parent.parent
+    (hf,) = re.findall(r"^hf = \[(.*)\]$", (root / "pyproject.toml").read_text(), re.M)
+    extras = {"hf": re.findall(r'"([^"]+)"', hf)}
     pins = [line.split("#")[0].strip() for line in
             (Path(kimi_mlp.__file__).parent.parent / "requirements.txt").read_text().splitlines()]
     (tested,) = [p for p in pins if p.startswith("transformers==")]

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from installs import only_declared
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,14 +34,28 @@ PRINTED = [["[0]", "396361728", "True", None],
                                            "None"))), None]]
 
 
+#: The extra each example names: all it may import beyond the base install.
+EXTRA = ("kernels", "hf")
+
+
+def README_EXAMPLE_HEADS() -> list[str]:
+    "The text between each example's heading and its code block."
+    text = (ROOT / "README.md").read_text()
+    return re.findall(r"^## Example \d[^\n]*\n(.*?)^```python", text, flags=re.S | re.M)
+
+
 @pytest.mark.parametrize("index", [0, 1], ids=["package", "hugging-face"])
 def test_each_readme_example_runs_as_written_twice(index, tmp_path):
-    """Each block in a fresh Python, in an empty directory, with no network and the
-    interpreter not asked for: it finishes twice in a row and prints what its comments
-    say (the w8a16 error's digits and the tokens aside)."""
+    """Each block in a fresh Python, in an empty directory, with no network, the
+    interpreter not asked for, and only what the extra its text names installs
+    (tests/installs.py): it finishes twice in a row and prints what its comments say
+    (the w8a16 error's digits and the tokens aside)."""
     block = python_blocks()[index]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TMPDIR=str(tmp_path))
+    # with what the README's install table says the example needs, and nothing else
+    env.update(only_declared(tmp_path / "site", (EXTRA[index],)))
+    assert f'".[{EXTRA[index]}]"' in README_EXAMPLE_HEADS()[index]
     for attempt in (1, 2):
         run = subprocess.run([sys.executable, "-c", block], cwd=tmp_path, env=env,
                              capture_output=True, text=True, timeout=900)

@@ -57,7 +57,7 @@ __all__ = ['INSPECT_M', 'HOPPER', 'H200_SMS', 'SHARED_MEM_LIMIT', 'WORKLOADS',
            'short_name', 'matrix_summary', 'table_rows', 'format_table',
            'step_cycles', 'model_block', 'model_rows', 'format_model',
            'model_entry', 'write_model', 'ModelRow', 'ModelEntry', 'ModelFile',
-           'main']
+           'inspect_parser', 'main']
 
 # %% ../../book/appendix_d_codegen.ipynb #e751841d
 def stand_in_block(hidden_size: int = 7168, intermediate_size: int = 18432):
@@ -916,7 +916,7 @@ def _target(text: str):
             str(e).removeprefix("target: ")) from None
 
 
-def _inspect_parser():
+def inspect_parser() -> argparse.ArgumentParser:
     "The options of `python -m kimi_mlp inspect`."
     from kimi_mlp.cli import WIDTH, _Parser, int_in
     p = _Parser(                 # one-line usage errors
@@ -955,7 +955,7 @@ def main(argv=None) -> int:
     """`python -m kimi_mlp inspect [--arch sm_89] [--m 1,16,4096]
     [--json FILE]`; the exit status."""
     from kimi_mlp.cli import Progress, _line, needs
-    a = _inspect_parser().parse_args(argv)
+    a = inspect_parser().parse_args(argv)
     needs("triton")  # here: the compiling process imports it too
     arch, sms = a.arch.arch, gpus.default_gpu(a.arch.arch).sms
     steps = sum(len(a.m or WORKLOADS[name][1]) for name in a.workload)

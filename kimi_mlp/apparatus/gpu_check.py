@@ -9,7 +9,7 @@ __all__ = ['GPUCHECK_BOUNDS', 'TENSOR_CORE_CHECKS', 'GPUCHECK_M',
            'checked_launches', 'normed_and_quantized', 'check_block_once',
            'w8a16_bounds', 'check_w8a16_once', 'gluon_bounds',
            'check_gluon_once', 'rounding_outputs', 'native_matches_integer',
-           'time_block', 'gpucheck_main']
+           'gpucheck_parser', 'time_block', 'gpucheck_main']
 
 # %% ../../book/appendix_c_measuring.ipynb #beab2755
 # kimi_mlp.apparatus.gpu_check: the fused block at the real shapes against its
@@ -304,7 +304,7 @@ def _parse_m(text: str) -> tuple[int, ...]:
     return ms
 
 
-def _gpucheck_parser() -> argparse.ArgumentParser:
+def gpucheck_parser() -> argparse.ArgumentParser:
     from kimi_mlp.cli import WIDTH, _Parser, int_in, out_dir
     p = _Parser(                 # one-line usage errors
         prog="python -m kimi_mlp gpucheck",
@@ -485,7 +485,7 @@ def gpucheck_main(argv=None) -> int:
     times on a CUDA device; returns 0 when every check passes, 1 when one
     fails, 3 (EXIT_NO_GPU) when refused."""
     from kimi_mlp.cli import EXIT_NO_GPU
-    args = _gpucheck_parser().parse_args(argv)
+    args = gpucheck_parser().parse_args(argv)
     refused = _gpucheck_refusal(args.cpu_smoke, args.path)
     if refused:
         print(f"error: gpucheck: {refused}", file=sys.stderr)

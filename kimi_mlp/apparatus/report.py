@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 __all__ = ['REPORT_NOTEBOOKS', 'REPORT_STEPS', 'REPORT_SCHEMA', 'run_notebook',
-           'gpu_report_main', 'main']
+           'gpu_report_parser', 'gpu_report_main', 'main']
 
 # %% ../../book/appendix_c_measuring.ipynb #95adf5b3
 # kimi_mlp.apparatus.report: the notebook runner and the GPU report, above both
@@ -268,7 +268,7 @@ def _names(choices):
     return parse
 
 
-def _gpu_report_parser() -> argparse.ArgumentParser:
+def gpu_report_parser() -> argparse.ArgumentParser:
     from kimi_mlp.cli import _Parser, out_dir, seconds
     p = _Parser(                 # one-line usage errors
         prog="python -m kimi_mlp gpu-report",
@@ -408,9 +408,10 @@ def _report_bench(report: _Report, args, commit: list) -> None:
 # %% ../../book/appendix_c_measuring.ipynb #5c45efcd
 def gpu_report_main(argv=None) -> int:
     """`python -m kimi_mlp gpu-report --out DIR`: 0 when every step it could
-    run passed (an installed copy skips the notebooks), 1 when one failed, 3
-    when refused (no GPU and no --cpu-smoke), 130 when interrupted."""
-    args = _gpu_report_parser().parse_args(argv)
+    run passed (an installed copy skips the notebooks), 1 when one failed or
+    none could run, 3 when refused (no GPU and no --cpu-smoke), 130 when
+    interrupted."""
+    args = gpu_report_parser().parse_args(argv)
     from kimi_mlp.cli import EXIT_NO_GPU, Progress, needs
     needs("triton"), needs("matplotlib")  # the kernels; the notebooks' figures
     if not torch.cuda.is_available() and not args.cpu_smoke:
@@ -429,8 +430,9 @@ def gpu_report_main(argv=None) -> int:
     steps = []  # (step, its last argument), in order
     if "gpucheck" in args.steps:
         steps.append((_report_gpucheck, commit))
-    if "notebooks" in args.steps and not (_package_dir().parent
-                                          / "book").is_dir():
+    book = _package_dir().parent / "book"
+    if "notebooks" in args.steps and not any(
+            (book / name).is_file() for name in REPORT_NOTEBOOKS):
         steps.append((_report_no_book, None))   # an installed copy
     elif "notebooks" in args.steps:
         steps += [(_report_notebook, name) for name in args.notebooks]
@@ -448,12 +450,13 @@ def gpu_report_main(argv=None) -> int:
         report.say("gpu-report: INTERRUPTED; files in " + str(out))
         return 130
     ran = [s["ok"] for s in report.run["steps"] if s["ok"] is not None]
-    verdict = ("SOME STEPS FAILED" if not all(ran) else "every step passed"
-               if len(ran) == len(report.run["steps"])
+    verdict = ("NO STEP COULD RUN HERE" if not ran
+               else "SOME STEPS FAILED" if not all(ran)
+               else "every step passed" if len(ran) == len(report.run["steps"])
                else "every step it could run passed")
     report.say(f"gpu-report: {verdict} in "
                f"{time.perf_counter() - report.t0:.0f} s; files in {out}")
-    return 0 if all(ran) else 1
+    return 0 if ran and all(ran) else 1
 
 
 def main(argv=None) -> int:

@@ -175,7 +175,7 @@ def launch_with(kernel, grid, args: tuple, kwargs: dict):
     `launches_stubbed` or `recording` does instead."""
     mode = _MODE.get()
     if mode is None:
-        triton_adapter.note_interpreted_launch(args)  # a line, if slow
+        triton_adapter.note_interpreted_launch(args, kwargs)  # if slow
         return kernel[grid](*args, **kwargs)
     return mode.launch(kernel, grid, args, kwargs)
 
@@ -247,7 +247,7 @@ class _Recording:
     def launch(self, kernel, grid, args, kwargs):
         self.launches.append((kernel, grid, args, kwargs))
         if self.outer is None:
-            triton_adapter.note_interpreted_launch(args)
+            triton_adapter.note_interpreted_launch(args, kwargs)
             return kernel[grid](*args, **kwargs)
         return self.outer.launch(kernel, grid, args, kwargs)
 
