@@ -41,23 +41,19 @@ _LAZY = {"FusedFp8DenseMLP": "fused", "fused_ffn_block": "fused",
          "Target": "kernels", "compile_only": "kernels"}
 
 
-#: What each lazy module needs beyond the base install, and the extra that
-#: brings it.
-_NEEDS = {"triton": "kernels"}
-
-
 def __getattr__(name):
     if name in _LAZY:
         import importlib
         try:
             module = importlib.import_module(f"{__name__}.{_LAZY[name]}")
         except ModuleNotFoundError as e:   # the base install: one line
-            package = e.name or ""
-            if package not in _NEEDS:      # a submodule: an older Triton, say
+            from .cli import EXTRAS, missing_package   # appendix B's rule
+            package = missing_package(e)
+            if package is None:            # a submodule: an older Triton, say
                 raise
             raise ModuleNotFoundError(
                 f"kimi_mlp.{name} needs {package}, which is not installed: "
-                f"pip install 'kimi-mlp[{_NEEDS[package]}]'",
+                f"pip install 'kimi-mlp[{EXTRAS[package]}]'",
                 name=package) from None
         return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

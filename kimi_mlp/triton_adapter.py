@@ -107,8 +107,8 @@ def note_interpreted_launch(args: tuple, kwargs: dict) -> None:
     """Before the interpreter runs a launch: once per process, a line on the
     logger "kimi_mlp" (stderr, unless logging is set up otherwise) when an
     operand holds SLOW_OPERAND elements or more (a tensor, or the one a TMA
-    descriptor reads). Nothing on a GPU."""
-    if not INTERPRETED or _noted:
+    descriptor reads). Launches call it only when INTERPRETED."""
+    if _noted:
         return
     tensors = [getattr(a, "base", a)              # a descriptor's tensor
                for a in (*args, *kwargs.values())]

@@ -22,8 +22,7 @@ from ..fp8 import quantize_activation
 from ..fused import (FfnTensors, FusedFp8DenseMLP, _choose_mode,
                             deepgemm_measure, ffn_tensors, random_dense_block,
                             tensor_core_shares)
-from .gpu_check import (_parse_m, dequantized_weights,
-                                          torch_bf16_ffn)
+from .gpu_check import dequantized_weights, torch_bf16_ffn
 from .measure import GRAPH_MAX_M, gpu_refusal, time_ms
 from .provenance import (_reason, environment,
                                            measure_ceilings)

@@ -175,7 +175,8 @@ def launch_with(kernel, grid, args: tuple, kwargs: dict):
     `launches_stubbed` or `recording` does instead."""
     mode = _MODE.get()
     if mode is None:
-        triton_adapter.note_interpreted_launch(args, kwargs)  # if slow
+        if INTERPRETED:  # a line, once, if the interpreter will take long
+            triton_adapter.note_interpreted_launch(args, kwargs)
         return kernel[grid](*args, **kwargs)
     return mode.launch(kernel, grid, args, kwargs)
 
@@ -247,7 +248,8 @@ class _Recording:
     def launch(self, kernel, grid, args, kwargs):
         self.launches.append((kernel, grid, args, kwargs))
         if self.outer is None:
-            triton_adapter.note_interpreted_launch(args, kwargs)
+            if INTERPRETED:
+                triton_adapter.note_interpreted_launch(args, kwargs)
             return kernel[grid](*args, **kwargs)
         return self.outer.launch(kernel, grid, args, kwargs)
 
